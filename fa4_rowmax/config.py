@@ -1,0 +1,95 @@
+"""`SoftmaxConfig`: which softmax a reference or kernel computes, and its knobs.
+
+One frozen dataclass, validated on construction, shared by the semantic reference
+(`reference.py`), the gates and the host-side dispatch. Field meanings are in
+`docs/design.md` ("`SoftmaxConfig` fields"); every rejected value raises `ValueError`
+(or `TypeError` for a value of the wrong type) naming the field and what it accepts.
+"""
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+SOFTMAX_MODES = ("exact", "rowmax_pot", "rowmax_h15", "baps", "fused_softmax")
+MX_FORMATS = ("mxfp8", "mxfp6", "mxfp4")
+ANCHORS = ("tile", "row")
+# Modes whose max is FA4's running max, so that a whole-row anchor is a meaningful control.
+ANCHORED_MODES = ("exact", "rowmax_pot", "rowmax_h15")
+P_DTYPES = (
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+)
+# HiF8 holds 2**15 at most, and BAPS weights reach 2**lambda.
+BAPS_LAMBDA_MAX = 15
+# 2**-126 is fp32's smallest normal: a larger clamp would flush the clamped weights.
+POT_K_MAX_LIMIT = 126
+
+
+def _check_int(name: str, value, low: int, high: Optional[int] = None) -> None:
+    accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"SoftmaxConfig.{name} must be an int {accepted}, got {value!r} ({type(value).__name__})")
+    if not isinstance(value, numbers.Integral) or value < low or (high is not None and value > high):
+        raise ValueError(f"SoftmaxConfig.{name} must be an int {accepted}, got {value!r}")
+
+
+def _check_real(name: str, value, low: float, high: float = math.inf, integral: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"SoftmaxConfig.{name} must be a real number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value < low or value > high:
+        accepted = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+        raise ValueError(f"SoftmaxConfig.{name} must be a finite number {accepted}, got {value}")
+    if integral and value != int(value):
+        raise ValueError(f"SoftmaxConfig.{name} must be a whole number of octaves, got {value}")
+
+
+def _check_choice(name: str, value, accepted: tuple) -> None:
+    if value not in accepted:
+        raise ValueError(f"SoftmaxConfig.{name} must be one of {accepted}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SoftmaxConfig:
+    mode: str = "exact"
+    tile_n: int = 128
+    tile_m: int = 128
+    rescale_threshold: float = 0.0
+    max_offset: float = 0.0
+    p_dtype: Optional[torch.dtype] = None
+    anchor: str = "tile"
+    pot_k_max: int = 20
+    beta: Optional[float] = None
+    baps_lambda: int = 1
+    baps_critical_tiles: int = 1
+    mx_format: str = "mxfp8"
+    recovery_threshold: float = 8.0
+
+    def __post_init__(self) -> None:
+        _check_choice("mode", self.mode, SOFTMAX_MODES)
+        _check_int("tile_n", self.tile_n, 1)
+        _check_int("tile_m", self.tile_m, 1)
+        _check_real("rescale_threshold", self.rescale_threshold, 0.0)
+        # FA4 declares max_offset an int; a whole number also keeps the H15 and PoT
+        # lattices anchored on the row max.
+        _check_real("max_offset", self.max_offset, 0.0, integral=True)
+        if self.p_dtype is not None and self.p_dtype not in P_DTYPES:
+            raise ValueError(f"SoftmaxConfig.p_dtype must be None or one of {P_DTYPES}, got {self.p_dtype!r}")
+        _check_choice("anchor", self.anchor, ANCHORS)
+        if self.anchor == "row" and self.mode not in ANCHORED_MODES:
+            raise ValueError(
+                f"SoftmaxConfig.anchor='row' applies to modes {ANCHORED_MODES}, not mode={self.mode!r}"
+            )
+        _check_int("pot_k_max", self.pot_k_max, 0, POT_K_MAX_LIMIT)
+        if self.beta is not None:
+            _check_real("beta", self.beta, 0.0, 1.0)
+        _check_int("baps_lambda", self.baps_lambda, 0, BAPS_LAMBDA_MAX)
+        _check_int("baps_critical_tiles", self.baps_critical_tiles, 0)
+        _check_choice("mx_format", self.mx_format, MX_FORMATS)
+        _check_real("recovery_threshold", self.recovery_threshold, 0.0)
