@@ -1,0 +1,217 @@
+"""Host-side dispatch for the FA4 softmax stage: the one place that maps `softmax_mode` + knobs to a kernel.
+
+The patched `flash_attn.cute.flash_attn_func` / `flash_attn_varlen_func` (patches/*.diff) call
+`softmax_stage(...)` with the user's arguments. It returns `None` for stock FA4 (`softmax_mode="exact"` and
+no knob set), which leaves FA4 byte-for-byte unchanged, or a frozen, hashable `SoftmaxStage`. `_flash_attn_fwd`
+resolves the stage for the architecture and dtype (`SoftmaxStage.for_kernel`), puts it in the compile-cache
+key and hands it to the kernel, which swaps its `Softmax` / `SoftmaxSm100` for ours
+(`SoftmaxStage.sm90` / `.sm100`).
+
+`fa4_backend(...)` wraps the patched FA4 as a gate backend `(q, k, v, causal) -> (out, lse)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import torch
+
+FA4_SOFTMAX_MODES = ("exact", "rowmax_h15", "rowmax_pot")
+APPROXIMATE_MODES = ("rowmax_h15", "rowmax_pot")
+
+# Note [P range with a rounded-up weight]
+# FA4 requires max_offset + rescale_threshold < log2(max of the P dtype) (Note [Low Precision Scaling] in
+# flash_fwd_sm100.py): a stale max lets x reach max_offset + rescale_threshold. Rowmax-H15 rounds x to
+# the nearest half octave and then takes S, so log2(H(x)) - x reaches log2(1.5) - 0.25 = 0.335 octaves;
+# Rowmax-PoT rounds to the nearest octave, up to 0.5. That headroom must fit too, or the top weights
+# saturate in P while the fp32 row sum counts them in full.
+LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25, "rowmax_pot": 0.5}
+
+_LOG2_DTYPE_MAX = {
+    torch.float8_e4m3fn: math.log2(448.0),
+    torch.float8_e5m2: math.log2(57344.0),
+    torch.float16: math.log2(65504.0),
+    torch.bfloat16: math.log2(torch.finfo(torch.bfloat16).max),
+}
+
+
+@dataclass(frozen=True)
+class SoftmaxStage:
+    """The softmax-stage configuration of one FA4 forward kernel (part of FA4's compile-cache key).
+
+    `rescale_threshold` and `beta` are `None` until `for_kernel` resolves them for an architecture:
+    threshold `None` means the architecture's stock value (SM90: 0, it always rescales; SM100: 8 for 16-bit
+    inputs, 0 for FP8), beta `None` means stock (`exact`: FA4's tuning; approximate modes: 1, every weight
+    built off the MUFU).
+    """
+
+    mode: str = "exact"
+    rescale_threshold: Optional[float] = None
+    beta: Optional[float] = None
+    arch: Optional[int] = None
+    max_offset: int = 0
+
+    def for_kernel(self, *, arch: int, q_dtype: torch.dtype, has_qv: bool = False) -> "SoftmaxStage":
+        """Resolve the knobs for `arch` (e.g. 90, 100) and the input dtype; check the P range."""
+        family = arch // 10
+        if family not in (9, 10, 11):
+            raise ValueError(
+                f"softmax_mode={self.mode!r} with rescale_threshold/beta needs an SM90 or SM100-family GPU "
+                f"(arch 90, 100, 103, 110); got arch {arch}. Accepted on other GPUs: softmax_mode='exact' "
+                "with rescale_threshold=None and beta=None."
+            )
+        if has_qv:
+            raise ValueError(
+                "softmax_mode/rescale_threshold/beta are not supported with qv (the MLA kernels); "
+                "accepted there: softmax_mode='exact', rescale_threshold=None, beta=None"
+            )
+        is_fp8 = q_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        max_offset = 8 if is_fp8 else 0
+        threshold = self.rescale_threshold
+        if threshold is None:
+            threshold = 8.0 if (family != 9 and not is_fp8) else 0.0
+        bound = _LOG2_DTYPE_MAX[q_dtype]
+        if max_offset + threshold + LOG2_ROUND_UP[self.mode] >= bound:
+            raise ValueError(
+                f"rescale_threshold={threshold} is too large for {q_dtype} inputs in softmax_mode="
+                f"{self.mode!r}: max_offset ({max_offset}) + rescale_threshold + the mode's round-up "
+                f"({LOG2_ROUND_UP[self.mode]:.3f} octaves) must stay below log2 of the P dtype's max "
+                f"({bound:.3f}); accepted: rescale_threshold < {bound - max_offset - LOG2_ROUND_UP[self.mode]:.3f}"
+            )
+        return replace(self, rescale_threshold=float(threshold), arch=arch, max_offset=max_offset)
+
+    def _check_resolved(self) -> None:
+        assert self.arch is not None, "SoftmaxStage.for_kernel must run before the kernel is traced"
+
+    def sm90(self, softmax):
+        """The SM90 kernel's `Softmax`, replaced by `RowmaxSoftmaxSm90` with this stage's knobs."""
+        from fa4_rowmax.softmax_sm90 import RowmaxSoftmaxSm90
+
+        self._check_resolved()
+        return RowmaxSoftmaxSm90.from_stock(
+            softmax, mode=self.mode, beta=self.beta, rescale_threshold=self.rescale_threshold
+        )
+
+    def sm100(self, softmax):
+        """The SM100 kernel's `SoftmaxSm100`, replaced by `RowmaxSoftmaxSm100` with this stage's knobs."""
+        from fa4_rowmax.softmax_sm100 import RowmaxSoftmaxSm100
+
+        self._check_resolved()
+        return RowmaxSoftmaxSm100.from_stock(
+            softmax, mode=self.mode, beta=self.beta, rescale_threshold=self.rescale_threshold
+        )
+
+
+def softmax_stage(
+    softmax_mode: str = "exact",
+    rescale_threshold: Optional[float] = None,
+    beta: Optional[float] = None,
+    *,
+    requires_grad: bool = False,
+) -> Optional[SoftmaxStage]:
+    """Validate the user's softmax arguments; `None` means stock FA4.
+
+    Raises TypeError/ValueError naming the argument and the accepted values. An approximate mode is
+    forward-only (FA4's backward recomputes P with exact exp2), so `requires_grad=True` raises.
+    """
+    if not isinstance(softmax_mode, str):
+        raise TypeError(f"softmax_mode must be a str, one of {FA4_SOFTMAX_MODES}; got {type(softmax_mode).__name__}")
+    if softmax_mode not in FA4_SOFTMAX_MODES:
+        raise ValueError(f"softmax_mode must be one of {FA4_SOFTMAX_MODES}; got {softmax_mode!r}")
+    if rescale_threshold is not None:
+        if isinstance(rescale_threshold, bool) or not isinstance(rescale_threshold, (int, float)):
+            raise TypeError(
+                "rescale_threshold must be None (the architecture's default) or a finite float >= 0 "
+                f"(log2 units); got {type(rescale_threshold).__name__}"
+            )
+        if not math.isfinite(rescale_threshold) or rescale_threshold < 0:
+            raise ValueError(
+                "rescale_threshold must be None (the architecture's default) or a finite float >= 0 "
+                f"(log2 units); got {rescale_threshold}"
+            )
+        rescale_threshold = float(rescale_threshold)
+    if beta is not None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)):
+            raise TypeError(f"beta must be None (stock) or a float in [0, 1]; got {type(beta).__name__}")
+        if not (0.0 <= beta <= 1.0):
+            raise ValueError(f"beta must be None (stock) or a float in [0, 1]; got {beta}")
+        beta = float(beta)
+    if softmax_mode in APPROXIMATE_MODES and requires_grad:
+        raise ValueError(
+            f"softmax_mode={softmax_mode!r} is forward-only: FA4's backward recomputes P with exact exp2, "
+            "so gradients would not match this forward. Run it under torch.no_grad() / "
+            "torch.inference_mode() or on inputs that do not require grad; accepted with gradients: "
+            "softmax_mode='exact'"
+        )
+    if softmax_mode == "exact" and rescale_threshold is None and beta is None:
+        return None
+    return SoftmaxStage(mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
+
+
+def is_fa4_patched() -> bool:
+    """Whether the importable FA4 takes `softmax_mode` (patches/*.diff applied)."""
+    import inspect
+
+    from flash_attn.cute import flash_attn_func
+
+    return "softmax_mode" in inspect.signature(flash_attn_func).parameters
+
+
+def fa4_backend(
+    softmax_mode: str = "exact",
+    *,
+    rescale_threshold: Optional[float] = None,
+    beta: Optional[float] = None,
+    softmax_scale: Optional[float] = None,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor]]:
+    """A gate backend running FA4's forward kernel: `(q, k, v, causal) -> (out, lse)`.
+
+    `softmax_mode="exact"` with no knob runs stock FA4 (patched or not). Any other setting needs the
+    patched FA4 (`python scripts/fa4_patch.py apply`) and raises RuntimeError without it. Arguments are
+    validated here, before any kernel runs.
+    """
+    stage = softmax_stage(softmax_mode, rescale_threshold, beta)
+    from flash_attn.cute import flash_attn_func
+
+    if stage is not None and not is_fa4_patched():
+        raise RuntimeError(
+            f"softmax_mode={softmax_mode!r} (rescale_threshold={rescale_threshold}, beta={beta}) needs the "
+            "patched FlashAttention-4: run `python scripts/fa4_patch.py apply`"
+        )
+    knobs = {} if stage is None else dict(softmax_mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
+
+    def backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
+        with torch.no_grad():
+            out, lse = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True, **knobs)
+        return out, lse
+
+    backend.__name__ = f"fa4_{softmax_mode}"
+    return backend
+
+
+def fa4_varlen_backend(
+    softmax_mode: str = "exact",
+    *,
+    rescale_threshold: Optional[float] = None,
+    beta: Optional[float] = None,
+    softmax_scale: Optional[float] = None,
+):
+    """Varlen twin of `fa4_backend`: `(q, k, v, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`."""
+    stage = softmax_stage(softmax_mode, rescale_threshold, beta)
+    from flash_attn.cute import flash_attn_varlen_func
+
+    if stage is not None and not is_fa4_patched():
+        raise RuntimeError("this softmax setting needs the patched FlashAttention-4: run `python scripts/fa4_patch.py apply`")
+    knobs = {} if stage is None else dict(softmax_mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
+
+    def backend(q, k, v, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None):
+        with torch.no_grad():
+            return flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, return_lse=True, **knobs,
+            )
+
+    backend.__name__ = f"fa4_varlen_{softmax_mode}"
+    return backend

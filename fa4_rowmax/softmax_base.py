@@ -1,0 +1,205 @@
+"""Rowmax softmax stage for FlashAttention-4: the arithmetic both architectures share.
+
+FA4 computes `P = exp2(x)` with `x = s * scale_log2 - m * scale_log2 (+ max_offset)` and `m` the running
+row max. This module holds the per-element replacements for `exp2` and the mixin that picks, element by
+element, which instruction sequence builds the weight:
+
+- `exact`: `exp2(x)` on the MUFU, or FA4's cubic polynomial emulation on the FMA/ALU pipes.
+- `rowmax_h15`: `H(x) = S(Q_half(x))` (docs/design.md, shared/notes/rowmax_h15.md), built from fp32 bits
+  on the ALU pipes, or through the MUFU followed by a snap to the lattice. Both give the same value.
+- `rowmax_pot`: `2 ** -min(K_max, round_half_even(-x))`, bits built on the ALU, or `exp2` of the rounded
+  integer on the MUFU.
+
+`beta` is the share of elements built off the MUFU. It selects instructions, never values
+(Note [beta selects instructions]). The arch subclasses live in `softmax_sm90.py` and `softmax_sm100.py`.
+"""
+
+import math
+from fractions import Fraction
+
+import cutlass
+from cutlass import Float32
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass._mlir.dialects import llvm
+
+# Note [H15 in fp32 bits]
+# In [2^22, 2^23) the fp32 ulp is 0.5, so `r = x + 1.5 * 2^22` (round to nearest even) rounds x to the
+# nearest half and leaves n = round_half_even(2x) in the low mantissa bits: bits(r) = bits(1.5 * 2^22) + n.
+# Shifting left by 22 drops bits(1.5 * 2^22) (its set bits all sit at 22 and above, so they wrap out) and
+# puts n into the exponent field at the half-octave position: bits(H) = (n << 22) + bits(1.0)
+# = (n + 254) << 22 (mod 2^32), i.e. exponent floor(n / 2) and mantissa 0 or 0.5 for n even or odd, which is
+# S(n / 2) = 2^floor(n/2) * (1 + (n mod 2) / 2). Clamping x at -127 first keeps n >= -254, so the
+# smallest weight is +0 (n = -254) and masked scores (-inf) become 0. The same trick one octave coarser
+# (`1.5 * 2^23`, ulp 1, shift 23) gives Rowmax-PoT's powers of two.
+H15_ROUND = 1.5 * 2**22
+H15_CLAMP = -127.0
+POT_ROUND = 1.5 * 2**23
+POT_K_MAX = 20
+FP32_ONE_BITS = 0x3F800000
+
+# Note [H15 through the MUFU]
+# `ex2.approx.ftz` of q = Q_half(x) returns 2^k or sqrt(2) * 2^k within a couple of ulps. Adding 2^21
+# (a quarter of the mantissa range) to the bits and clearing the low 22 bits snaps both to the lattice:
+# 1.4142.. * 2^k -> 1.5 * 2^k, and 2^k (or its value one ulp below, 0x..7FFFFF of the octave under it,
+# which carries into the exponent) -> 2^k. So the MUFU path returns the same bits as the ALU path, except
+# that `ftz` flushes the one denormal level q = -126.5 (ALU bits 0x00400000, weight 2^-127) to 0; that
+# weight is 2^-127 of the row max and cannot change an output.
+H15_SNAP_ADD = 1 << 21
+H15_SNAP_MASK = 0xFFC00000
+
+# Note [beta selects instructions]
+# beta in [0, 1] is the share of a thread's elements (SM100: element pairs) whose weight is built off the
+# MUFU. Element i of n goes off the MUFU when floor((i + 1) * beta) > floor(i * beta), which spreads
+# floor(n * beta) elements evenly along the row so the MUFU and the FMA/ALU pipes drain in parallel.
+# In `rowmax_h15` and `rowmax_pot` both paths give the same weight; in `exact` the off-MUFU path is FA4's
+# polynomial, which differs from ex2.approx at rounding level.
+
+
+def _f32_hex(value: float) -> str:
+    """PTX fp32 immediate (0fXXXXXXXX) for a Python float."""
+    import struct
+
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def off_mufu(index: int, count: int, beta: float) -> bool:
+    """Whether element `index` of `count` is built off the MUFU for share `beta` (trace time)."""
+    share = Fraction(beta).limit_denominator(1 << 16)
+    return math.floor((index + 1) * share) > math.floor(index * share)
+
+
+def _asm_f32(ptx: str, *args: Float32, loc=None, ip=None) -> Float32:
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(a).ir_value(loc=loc, ip=ip) for a in args],
+            ptx,
+            "=f" + ",f" * len(args),
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+_H15_ROUND_HEX = _f32_hex(H15_ROUND)
+_H15_CLAMP_HEX = _f32_hex(H15_CLAMP)
+_POT_ROUND_HEX = _f32_hex(POT_ROUND)
+_POT_CLAMP_HEX = _f32_hex(-float(POT_K_MAX))
+_NEG_INF_HEX = "0fFF800000"
+
+
+@dsl_user_op
+def h15_alu(x: Float32, *, loc=None, ip=None) -> Float32:
+    """H(x) from fp32 bits: clamp, round-add, shift-add (Note [H15 in fp32 bits])."""
+    return _asm_f32(
+        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
+        f"max.ftz.f32 t, $1, {_H15_CLAMP_HEX};\n\t"
+        f"add.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
+        "mov.b32 b, t;\n\t"
+        "shl.b32 b, b, 22;\n\t"
+        # add.s32 lowers to LEA (ALU pipe) together with the shift; see flash_attn.cute.utils.
+        f"add.s32 b, b, {FP32_ONE_BITS};\n\t"
+        "mov.b32 $0, b;\n\t}\n",
+        x,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def h15_alu_pair(x: Float32, y: Float32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """H of two elements with one packed round-add (FADD2, SM100 and later)."""
+    out = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32(), T.f32()]),
+        [Float32(x).ir_value(loc=loc, ip=ip), Float32(y).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .f32 c0, c1, r;\n\t.reg .b64 xy, rr, sum;\n\t.reg .b32 b0, b1;\n\t"
+        f"max.ftz.f32 c0, $2, {_H15_CLAMP_HEX};\n\t"
+        f"max.ftz.f32 c1, $3, {_H15_CLAMP_HEX};\n\t"
+        "mov.b64 xy, {c0, c1};\n\t"
+        f"mov.f32 r, {_H15_ROUND_HEX};\n\t"
+        "mov.b64 rr, {r, r};\n\t"
+        "add.rn.ftz.f32x2 sum, xy, rr;\n\t"
+        "mov.b64 {b0, b1}, sum;\n\t"
+        "shl.b32 b0, b0, 22;\n\t"
+        "shl.b32 b1, b1, 22;\n\t"
+        f"add.s32 b0, b0, {FP32_ONE_BITS};\n\t"
+        f"add.s32 b1, b1, {FP32_ONE_BITS};\n\t"
+        "mov.b32 $0, b0;\n\t"
+        "mov.b32 $1, b1;\n\t}\n",
+        "=f,=f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return (
+        Float32(llvm.extractvalue(T.f32(), out, [0], loc=loc, ip=ip)),
+        Float32(llvm.extractvalue(T.f32(), out, [1], loc=loc, ip=ip)),
+    )
+
+
+@dsl_user_op
+def h15_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
+    """H(x) through ex2.approx of Q_half(x), snapped to the lattice (Note [H15 through the MUFU])."""
+    return _asm_f32(
+        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
+        f"max.ftz.f32 t, $1, {_H15_CLAMP_HEX};\n\t"
+        f"add.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
+        f"sub.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
+        "ex2.approx.ftz.f32 t, t;\n\t"
+        "mov.b32 b, t;\n\t"
+        f"add.s32 b, b, {H15_SNAP_ADD};\n\t"
+        f"and.b32 b, b, 0x{H15_SNAP_MASK:08X};\n\t"
+        "mov.b32 $0, b;\n\t}\n",
+        x,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def pot_alu(x: Float32, *, loc=None, ip=None) -> Float32:
+    """2^max(-K_max, round_half_even(x)) from fp32 bits; masked scores (-inf) stay 0."""
+    return _asm_f32(
+        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t.reg .pred masked;\n\t"
+        f"max.ftz.f32 t, $1, {_POT_CLAMP_HEX};\n\t"
+        f"add.rn.ftz.f32 t, t, {_POT_ROUND_HEX};\n\t"
+        "mov.b32 b, t;\n\t"
+        "shl.b32 b, b, 23;\n\t"
+        f"add.s32 b, b, {FP32_ONE_BITS};\n\t"
+        f"setp.eq.f32 masked, $1, {_NEG_INF_HEX};\n\t"
+        "selp.b32 b, 0, b, masked;\n\t"
+        "mov.b32 $0, b;\n\t}\n",
+        x,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def pot_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
+    """`pot_alu` through ex2.approx of the rounded integer (exact for integers)."""
+    return _asm_f32(
+        "{\n\t.reg .f32 t;\n\t.reg .pred masked;\n\t"
+        f"max.ftz.f32 t, $1, {_POT_CLAMP_HEX};\n\t"
+        f"add.rn.ftz.f32 t, t, {_POT_ROUND_HEX};\n\t"
+        f"sub.rn.ftz.f32 t, t, {_POT_ROUND_HEX};\n\t"
+        "ex2.approx.ftz.f32 t, t;\n\t"
+        f"setp.eq.f32 masked, $1, {_NEG_INF_HEX};\n\t"
+        "selp.f32 $0, 0f00000000, t, masked;\n\t}\n",
+        x,
+        loc=loc,
+        ip=ip,
+    )
+
+
+class RowmaxSoftmaxMixin:
+    """What the arch subclasses share: the mode, beta, and the per-element weight builders.
+
+    Subclasses are dataclasses that also derive from FA4's `Softmax` / `SoftmaxSm100` and declare the
+    Constexpr fields `mode` (str), `beta` (float or None) and `rescale_threshold` (float).
+    """
+
+    def off_mufu(self, index: int, count: int) -> bool:
+        beta = self.beta if self.beta is not None else (0.0 if self.mode == "exact" else 1.0)
+        return off_mufu(index, count, beta)
