@@ -1,0 +1,294 @@
+"""python -m bench: time every attention kernel of the table against FA4 stock, in interleaved rounds.
+
+Per group (one shape): allocate rotating inputs, compute the fp32 reference once, call each kernel once
+(this compiles it) and gate its output, then time the kernels that passed in interleaved rounds
+(bench/timing.py) and turn the times into rows. The JSON is rewritten after every group, so a run that is
+cut short keeps what it measured; the Markdown and plots are written at the end (or later by
+`python -m bench.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from bench import env_info
+from bench.check import check_batches, check_output, make_inputs, reference_attention
+from bench.kernels import BASELINE, KERNELS, MAP_KERNELS
+from bench.report import gpu_slug, map_pivot, new_row, seqlen_pivot, write_json, write_report
+from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, build_plan, parse_seqlen, tflops
+from bench.timing import SPACER_CYCLES, median, per_round_speedups, rotation_count, spread, time_interleaved
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+REASON_CHARS = 400
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="8K and 2K, causal and non-causal, bf16 hd128: FA4 stock, fa4_h15, aiter_mxfp8, cuDNN")
+    parser.add_argument("--kernels", nargs="+", metavar="PATTERN",
+                        help="kernel names or shell patterns (e.g. 'fa4_h15*'); replaces the preset's choice; "
+                             f"{BASELINE} is always added")
+    parser.add_argument("--seqlens", nargs="+", type=_seqlen_arg, metavar="S", help="e.g. 1K 8K 32768")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="results folder (default: bench/results)")
+    parser.add_argument("--name", help="file stem (default: <gpu>_quick or <gpu>_full, e.g. h200_full)")
+    parser.add_argument("--rounds", type=_positive_int, help="interleaved rounds per group (default 5 quick, 7 full)")
+    parser.add_argument("--calls-per-round", type=_positive_int, default=3, help="timed calls per kernel per round")
+    parser.add_argument("--warmup", type=_nonnegative_int, default=2, help="untimed calls per kernel after its check")
+    parser.add_argument("--map-masks", choices=MAP_MASK_CHOICES, default="causal",
+                        help="masks that get the fa4_h15 threshold x beta map at 8K (full run)")
+    parser.add_argument("--max-minutes", type=float,
+                        help="stop compiling new kernels after this much wall time; the rest become 'skipped'")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 5 if args.quick else 7
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        parser.error(f"--max-minutes must be > 0, got {args.max_minutes}")
+    return args
+
+
+def _seqlen_arg(text: str) -> int:
+    try:
+        return parse_seqlen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def settings_of(args: argparse.Namespace) -> dict:
+    return {"preset": "quick" if args.quick else "full", "kernels": args.kernels, "seqlens": args.seqlens,
+            "rounds": args.rounds, "calls_per_round": args.calls_per_round, "warmup": args.warmup,
+            "map_masks": args.map_masks, "max_minutes": args.max_minutes, "seed": args.seed,
+            "tokens_per_call": TOKENS, "spacer_cycles": SPACER_CYCLES,
+            "rotation": "fewest input sets (>= 2) whose total size exceeds 2x L2"}
+
+
+def describe_kernels(names: tuple[str, ...]) -> str:
+    plain = [n for n in names if n not in MAP_KERNELS]
+    mapped = len(names) - len(plain)
+    return ", ".join(plain) + (f", fa4_h15_t*_b* ({mapped} map points)" if mapped else "")
+
+
+def print_plan(plan: list[Group], settings: dict) -> None:
+    print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    for i, group in enumerate(plan):
+        print(f"[{i + 1:2d}] {group.shape.label:34s} {len(group.kernels):2d} kernels: {describe_kernels(group.kernels)}")
+    print(f"{len(plan)} groups, {sum(len(g.kernels) for g in plan)} kernel rows")
+
+
+class Progress:
+    """tqdm when installed, else one printed line per step (the device image may lack tqdm)."""
+
+    def __init__(self, total: int):
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._bar = None
+            print("progress: tqdm not installed, printing one line per step", flush=True)
+        else:
+            self._bar = tqdm(total=total, unit="step", dynamic_ncols=True)
+        self._total, self._done = total, 0
+
+    def step(self, text: str, n: int = 1) -> None:
+        self._done += n
+        if self._bar is not None:
+            self._bar.set_description_str(text[:60])
+            self._bar.update(n)
+        else:
+            print(f"[{self._done}/{self._total}] {text}", flush=True)
+
+    def write(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:REASON_CHARS]
+
+
+def run_group(group: Group, index: int, args: argparse.Namespace, capability: tuple[int, int], l2_bytes: int,
+              deadline: float | None, progress: Progress) -> list[dict]:
+    shape = group.shape
+    rows = {name: new_row(shape, KERNELS[name]) for name in group.kernels}
+    active = []
+    for name in group.kernels:
+        spec = KERNELS[name]
+        reason = spec.unsupported_reason(shape.dtype, capability)
+        status = "unsupported"
+        if reason is None:
+            reason, status = spec.unavailable_reason(), "unavailable"
+        if reason is None:
+            active.append(name)
+        else:
+            rows[name].update(status=status, reason=reason[:REASON_CHARS])
+            progress.step(f"{shape.label}: {name} {status}")
+    if not active:
+        progress.step(f"{shape.label}: nothing to time", args.rounds)
+        return list(rows.values())
+
+    set_bytes = ELEMENT_BYTES[shape.dtype] * shape.batch * shape.seqlen * shape.head_dim * (shape.heads_q + 2 * shape.heads_kv)
+    inputs = make_inputs(shape, rotation_count(set_bytes, l2_bytes), "cuda", seed=args.seed + index)
+    batches = check_batches(shape.batch)
+    try:
+        ref = reference_attention(*inputs[0], shape.causal, batches)
+    except Exception as exc:  # e.g. out of memory: no gate, so no kernel of this group may be timed
+        for name in active:
+            rows[name].update(status="error", reason=f"fp32 reference failed: {_failure(exc)}")
+        progress.step(f"{shape.label}: reference failed", len(active) + args.rounds)
+        return list(rows.values())
+
+    launchers = {}
+    for name in active:
+        spec = KERNELS[name]
+        if deadline is not None and time.perf_counter() > deadline:
+            rows[name].update(status="skipped", reason=f"time budget (--max-minutes {args.max_minutes}) spent")
+            progress.step(f"{shape.label}: {name} skipped (budget)")
+            continue
+        try:
+            launches = [spec.bind(q, k, v, shape.causal) for q, k, v in inputs]
+            start = time.perf_counter()
+            out = launches[0]()
+            torch.cuda.synchronize()
+            rows[name]["first_call_s"] = time.perf_counter() - start
+            result = check_output(out[batches], ref, spec.tolerance(shape.dtype))
+            del out
+        except Exception as exc:  # the row says what went wrong; the other kernels still run
+            rows[name].update(status="error", reason=_failure(exc))
+            progress.step(f"{shape.label}: {name} error")
+            continue
+        rows[name]["check"] = result.as_dict()
+        if result.passed:
+            launchers[name] = launches
+        else:
+            rows[name].update(status="check_failed", reason=result.reason)
+        progress.step(f"{shape.label}: {name} {'checked' if result.passed else 'CHECK FAILED'}")
+    del ref
+
+    times, errors = time_interleaved(launchers, rounds=args.rounds, calls_per_round=args.calls_per_round,
+                                     warmup=args.warmup, seed=args.seed + index,
+                                     on_round=lambda r: progress.step(f"{shape.label}: round {r + 1}/{args.rounds}"))
+    baseline = times.get(BASELINE) if BASELINE not in errors else None
+    for name, per_round in times.items():
+        row = rows[name]
+        if name in errors:
+            row.update(status="error", reason=f"while timing: {errors[name]}"[:REASON_CHARS])
+            continue
+        calls = [t for round_times in per_round for t in round_times]
+        summary = spread(calls)
+        row.update(status="ok", median_ms=summary["median"], ms_q1=summary["q1"], ms_q3=summary["q3"],
+                   tflops=tflops(shape, summary["median"]), timed_calls=len(calls))
+        if baseline:
+            ratios = per_round_speedups(baseline, per_round)
+            row.update(speedup_vs_fa4_stock=median(ratios), speedup_spread=spread(ratios), round_speedups=ratios)
+        else:
+            row["reason"] = f"no speed-up: {BASELINE} has no time in this group ({rows[BASELINE]['status']})"
+    del inputs, launchers
+    torch.cuda.empty_cache()
+    return list(rows.values())
+
+
+def group_summary(rows: list[dict]) -> str:
+    parts = []
+    for r in rows:
+        if r["kernel"] in MAP_KERNELS:
+            continue
+        if r["status"] == "ok":
+            speed = f" {r['speedup_vs_fa4_stock']:.3f}x" if r["speedup_vs_fa4_stock"] is not None else ""
+            parts.append(f"{r['kernel']} {r['median_ms']:.3f} ms {r['tflops']:.0f} TF{speed}")
+        else:
+            parts.append(f"{r['kernel']} {r['status']}")
+    return " | ".join(parts)
+
+
+def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    capability = (props.major, props.minor)
+    l2_bytes = props.L2_cache_size
+    env = env_info.collect(settings)
+    stem = args.name or f"{gpu_slug(props.name)}_{'quick' if args.quick else 'full'}"
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, f"{stem}.json")
+    doc = {"schema": 1, "env": env, "rows": []}
+    started = time.perf_counter()
+    deadline = started + 60 * args.max_minutes if args.max_minutes else None
+    progress = Progress(sum(len(g.kernels) + args.rounds for g in plan))
+    progress.write(f"{props.name} sm_{capability[0]}{capability[1]}, L2 {l2_bytes / 2**20:.0f} MiB; "
+                   f"{len(plan)} groups -> {json_path}")
+    for index, group in enumerate(plan):
+        if deadline is not None and time.perf_counter() > deadline:
+            rows = [new_row(group.shape, KERNELS[name]) for name in group.kernels]
+            for row in rows:
+                row["reason"] = f"time budget (--max-minutes {args.max_minutes}) spent"
+            progress.step(f"{group.shape.label}: skipped (budget)", len(group.kernels) + args.rounds)
+        else:
+            rows = run_group(group, index, args, capability, l2_bytes, deadline, progress)
+        progress.write(f"{group.shape.label}: {group_summary(rows)}")
+        doc["rows"].extend(rows)
+        doc["env"]["wall_s"] = time.perf_counter() - started
+        write_json(json_path, doc)
+    progress.close()
+    doc["env"]["nvidia_smi_after"] = env_info.nvidia_smi(device)
+    doc["env"]["wall_s"] = time.perf_counter() - started
+    write_json(json_path, doc)
+    written = write_report(doc, args.out, stem, plots=not args.no_plots)
+    print(f"wrote {json_path}\nwrote {written['markdown']}")
+    print(written["plots"] if isinstance(written["plots"], str) else "\n".join(f"wrote {p}" for p in written["plots"]))
+    for mask in ("causal", "non-causal"):
+        for table in (seqlen_pivot(doc["rows"], mask), map_pivot(doc["rows"], mask)):
+            if table:
+                print(f"\n{mask}:\n{table}")
+    print(f"\nwall time {doc['env']['wall_s']:.0f} s")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = build_plan(quick=args.quick, kernel_patterns=args.kernels, seqlens=args.seqlens,
+                          map_masks=args.map_masks)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    settings = settings_of(args)
+    if args.dry_run:
+        print_plan(plan, settings)
+        return 0
+    if not torch.cuda.is_available():
+        print("error: python -m bench times CUDA kernels and found no CUDA device (use --dry-run to see the plan)",
+              file=sys.stderr)
+        return 2
+    run(plan, args, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Results: the row format, the JSON file, the Markdown report and the plots.
+
+`python -m bench.report RESULTS.json [--out DIR]` regenerates the Markdown and the plots from a JSON file
+(for instance on a machine with matplotlib, from a device run that had none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+from bench.kernels import BASELINE, H15_BETAS, H15_THRESHOLDS, MAP_KERNELS, KernelSpec, h15_map_name
+from bench.sweep import FOCUS_SEQLEN, HEADS_Q, TOKENS, Shape, format_seqlen
+
+STATUSES = ("ok", "check_failed", "unsupported", "unavailable", "error", "skipped")
+FLOPS_FORMULA = ("FLOPs = 4 * batch * heads_q * seqlen_q * seqlen_k * head_dim (QK^T and PV, 2 per multiply-add), "
+                 "halved for causal; TFLOPS = FLOPs / median time")
+SPEEDUP_DEFINITION = ("speed-up = FA4 stock time / kernel time, the median over interleaved rounds of the "
+                      "per-round ratio of median call times (>1: faster than FA4 stock); brackets: "
+                      "interquartile range of the per-round ratios")
+GATE_DEFINITION = ("gate: output finite and ||out - ref||_F / ||ref||_F <= tolerance, ref = fp32 attention "
+                   "(PyTorch math SDPA) of the same inputs, first and last batch entry, all heads; "
+                   "inputs N(0, 1)")
+
+
+def new_row(shape: Shape, spec: KernelSpec) -> dict:
+    """A result row with every field present; the run fills in status, times and the check."""
+    return {
+        "kernel": spec.name, "family": spec.family, "mode": spec.mode, "knobs": dict(spec.knobs),
+        "dtype": shape.dtype, "mask": shape.mask, "causal": shape.causal, "seqlen": shape.seqlen,
+        "head_dim": shape.head_dim, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv, "batch": shape.batch,
+        "status": "skipped", "reason": "", "median_ms": None, "ms_q1": None, "ms_q3": None, "tflops": None,
+        "speedup_vs_fa4_stock": None, "speedup_spread": None, "round_speedups": None, "check": None,
+        "first_call_s": None, "timed_calls": 0,
+    }
+
+
+def _finite_or_none(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Strict JSON (NaN and inf become null), written to a temporary name and renamed into place."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_finite_or_none(doc), f, indent=1, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or "rows" not in doc or "env" not in doc:
+        raise ValueError(f"{path} is not a benchmark result (needs 'env' and 'rows')")
+    return doc
+
+
+def gpu_slug(name: str | None) -> str:
+    """'NVIDIA H200' -> 'h200': the first word of the GPU name that holds a digit."""
+    for word in re.split(r"[^a-z0-9]+", (name or "").lower()):
+        if any(ch.isdigit() for ch in word):
+            return word
+    return "gpu"
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt(value, digits=3) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def speedup_cell(row: dict) -> str:
+    """'1.05 [1.03, 1.06]' for a timed row, else the status (and the check's error for a failed gate)."""
+    if row["status"] == "ok":
+        if row["speedup_vs_fa4_stock"] is None:
+            return f"{row['tflops']:.0f} TF (no baseline)" if row["tflops"] is not None else "no time"
+        s = row["speedup_spread"] or {}
+        return f"{row['speedup_vs_fa4_stock']:.3f} [{_fmt(s.get('q1'))}, {_fmt(s.get('q3'))}]"
+    if row["status"] == "check_failed" and row["check"] and row["check"].get("rel_err") is not None:
+        return f"check failed ({row['check']['rel_err']:.2g} > {row['check']['tolerance']:g})"
+    return row["status"].replace("_", " ")
+
+
+def _is_main(row: dict) -> bool:
+    return row["dtype"] == "bf16" and row["head_dim"] == 128 and row["heads_q"] == row["heads_kv"] == HEADS_Q
+
+
+def seqlen_pivot(rows: list[dict], mask: str) -> str | None:
+    """Kernels x seqlens table of speed-ups (bf16, head dim 128, MHA); FA4 stock shows its TFLOPS."""
+    main = [r for r in rows if _is_main(r) and r["mask"] == mask and r["kernel"] not in MAP_KERNELS]
+    if not main:
+        return None
+    seqlens = sorted({r["seqlen"] for r in main})
+    kernels = list(dict.fromkeys(r["kernel"] for r in main))
+    cell = {(r["kernel"], r["seqlen"]): r for r in main}
+    lines = ["| kernel | " + " | ".join(format_seqlen(s) for s in seqlens) + " |",
+             "| --- |" + " --- |" * len(seqlens)]
+    for kernel in kernels:
+        cells = []
+        for s in seqlens:
+            row = cell.get((kernel, s))
+            if row is None:
+                cells.append("")
+            elif kernel == BASELINE and row["status"] == "ok":
+                cells.append(f"{row['tflops']:.0f} TFLOPS")
+            else:
+                cells.append(_md_escape(speedup_cell(row)))
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def map_pivot(rows: list[dict], mask: str) -> str | None:
+    """rescale_threshold x beta table of fa4_h15 speed-ups at the focus seqlen."""
+    cell = {r["kernel"]: r for r in rows
+            if _is_main(r) and r["mask"] == mask and r["seqlen"] == FOCUS_SEQLEN and r["kernel"] in MAP_KERNELS}
+    if not cell:
+        return None
+    lines = ["| threshold \\ beta | " + " | ".join(f"{b:g}" for b in H15_BETAS) + " |",
+             "| --- |" + " --- |" * len(H15_BETAS)]
+    for t in H15_THRESHOLDS:
+        cells = [_md_escape(speedup_cell(cell[h15_map_name(t, b)])) if h15_map_name(t, b) in cell else ""
+                 for b in H15_BETAS]
+        lines.append(f"| {t:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def rows_table(rows: list[dict]) -> str:
+    lines = ["| kernel | mask | dtype | seqlen | d | heads q/kv | batch | median ms | TFLOPS | speed-up vs FA4 stock "
+             "[IQR] | gate rel. err (tol) | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        check = r["check"] or {}
+        gate = (f"{check['rel_err']:.2g} ({check['tolerance']:g})" if check.get("rel_err") is not None else "")
+        speed = speedup_cell(r) if r["status"] == "ok" else ""
+        note = r["status"].replace("_", " ") + (f": {r['reason']}" if r["reason"] else "")
+        lines.append(f"| {r['kernel']} | {r['mask']} | {r['dtype']} | {format_seqlen(r['seqlen'])} | {r['head_dim']} "
+                     f"| {r['heads_q']}/{r['heads_kv']} | {r['batch']} | {_fmt(r['median_ms'], 4)} | "
+                     f"{_fmt(r['tflops'], 4)} | {speed} | {gate} | {_md_escape(note if r['status'] != 'ok' else '')} |")
+    return "\n".join(lines)
+
+
+def environment_lines(env: dict) -> list[str]:
+    gpu = env.get("gpu")
+    smi = env.get("nvidia_smi")
+    packages = env.get("packages", {})
+    lines = []
+    if isinstance(gpu, dict):
+        l2 = gpu.get("l2_cache_bytes")
+        lines.append(f"- GPU: {gpu['name']} (sm_{gpu['capability'].replace('.', '')}, {gpu['sm_count']} SMs, "
+                     f"L2 {l2 / 2**20:.0f} MiB)" if l2 else f"- GPU: {gpu['name']}")
+    else:
+        lines.append(f"- GPU: {gpu}")
+    if isinstance(smi, dict):
+        after = env.get("nvidia_smi_after")
+        after_text = (f"; after the run: SM {after.get('clocks.sm')}, {after.get('temperature.gpu')} C, "
+                      f"{after.get('power.draw')}" if isinstance(after, dict) else "")
+        lines.append(f"- clocks at start: SM {smi.get('clocks.sm')} (max {smi.get('clocks.max.sm')}), memory "
+                     f"{smi.get('clocks.mem')}, {smi.get('temperature.gpu')} C, power limit {smi.get('power.limit')}"
+                     f"{after_text}; driver {smi.get('driver_version')}")
+    else:
+        lines.append(f"- nvidia-smi: {smi}")
+    lines.append(f"- CUDA {env.get('cuda_runtime')}, cuDNN {env.get('cudnn')}, " +
+                 ", ".join(f"{k} {v}" for k, v in packages.items() if v) +
+                 f"; commit {env.get('git_commit') or 'unknown'}; {env.get('date_utc')}")
+    settings = env.get("settings", {})
+    if settings:
+        lines.append("- settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    return lines
+
+
+def markdown_report(doc: dict) -> str:
+    env, rows = doc["env"], doc["rows"]
+    gpu = env.get("gpu")
+    title = gpu["name"] if isinstance(gpu, dict) else "unknown GPU"
+    parts = [f"# Attention forward benchmark: {title}", "", *environment_lines(env),
+             f"- {FLOPS_FORMULA}", f"- {SPEEDUP_DEFINITION}", f"- {GATE_DEFINITION}",
+             f"- batch * seqlen = {TOKENS} tokens, {HEADS_Q} query heads unless stated", ""]
+    for mask in ("causal", "non-causal"):
+        table = seqlen_pivot(rows, mask)
+        if table:
+            parts += [f"## Speed-up vs FA4 stock by seqlen: {mask}, bf16, head dim 128, MHA", "", table, ""]
+    for mask in ("causal", "non-causal"):
+        table = map_pivot(rows, mask)
+        if table:
+            parts += [f"## fa4_h15: rescale_threshold x beta at {format_seqlen(FOCUS_SEQLEN)}, {mask}, bf16, "
+                      "head dim 128 (speed-up vs FA4 stock)", "", table, ""]
+    parts += ["## All rows", "", rows_table(rows), ""]
+    return "\n".join(parts)
+
+
+def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
+    """PNG files (Agg backend) written, or a sentence saying why there are none."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"plots skipped: matplotlib not importable ({exc}); regenerate with python -m bench.report"
+    rows = doc["rows"]
+    written = []
+    masks = [m for m in ("causal", "non-causal")
+             if any(_is_main(r) and r["mask"] == m and r["status"] == "ok" for r in rows)]
+    if masks:
+        fig, axes = plt.subplots(1, len(masks), figsize=(6.5 * len(masks), 4.5), squeeze=False)
+        for ax, mask in zip(axes[0], masks):
+            ok = [r for r in rows if _is_main(r) and r["mask"] == mask and r["status"] == "ok"
+                  and r["kernel"] not in MAP_KERNELS and r["speedup_vs_fa4_stock"] is not None]
+            for kernel in dict.fromkeys(r["kernel"] for r in ok):
+                series = sorted((r for r in ok if r["kernel"] == kernel), key=lambda r: r["seqlen"])
+                x = [r["seqlen"] for r in series]
+                y = [r["speedup_vs_fa4_stock"] for r in series]
+                err = [[yi - r["speedup_spread"]["q1"] for yi, r in zip(y, series)],
+                       [r["speedup_spread"]["q3"] - yi for yi, r in zip(y, series)]]
+                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=kernel)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("seqlen (batch * seqlen = %d)" % TOKENS)
+            ax.set_ylabel("speed-up vs FA4 stock")
+            ax.set_title(f"{mask}, bf16, head dim 128, {HEADS_Q} heads")
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        path = os.path.join(out_dir, f"{stem}_speedup_vs_seqlen.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    for mask in ("causal", "non-causal"):
+        cell = {r["kernel"]: r for r in rows if _is_main(r) and r["mask"] == mask and r["seqlen"] == FOCUS_SEQLEN
+                and r["kernel"] in MAP_KERNELS and r["status"] == "ok" and r["speedup_vs_fa4_stock"] is not None}
+        if not cell:
+            continue
+        grid = [[cell[h15_map_name(t, b)]["speedup_vs_fa4_stock"] if h15_map_name(t, b) in cell else math.nan
+                 for b in H15_BETAS] for t in H15_THRESHOLDS]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        image = ax.imshow(grid, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(H15_BETAS)), [f"{b:g}" for b in H15_BETAS])
+        ax.set_yticks(range(len(H15_THRESHOLDS)), [f"{t:g}" for t in H15_THRESHOLDS])
+        ax.set_xlabel("beta (exp2-emulation share)")
+        ax.set_ylabel("rescale_threshold (log2)")
+        ax.set_title(f"fa4_h15 speed-up vs FA4 stock, {format_seqlen(FOCUS_SEQLEN)} {mask} bf16 d128")
+        for i, line in enumerate(grid):
+            for j, value in enumerate(line):
+                if math.isfinite(value):
+                    ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=8)
+        fig.colorbar(image, ax=ax)
+        path = os.path.join(out_dir, f"{stem}_h15_map_{format_seqlen(FOCUS_SEQLEN)}_{mask}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(doc: dict, out_dir: str, stem: str, plots: bool = True) -> dict:
+    """The Markdown file (and the plots): returns {'markdown': path, 'plots': list or reason}."""
+    md_path = os.path.join(out_dir, f"{stem}.md")
+    with open(md_path, "w") as f:
+        f.write(markdown_report(doc))
+    return {"markdown": md_path, "plots": write_plots(doc, out_dir, stem) if plots else "plots not requested"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    parser.add_argument("results", help="a JSON file written by python -m bench")
+    parser.add_argument("--out", help="folder for the Markdown and plots (default: next to the JSON)")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    doc = read_json(args.results)
+    out_dir = args.out or os.path.dirname(os.path.abspath(args.results))
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(args.results))[0]
+    written = write_report(doc, out_dir, stem, plots=not args.no_plots)
+    print(f"wrote {written['markdown']}")
+    print(written["plots"] if isinstance(written["plots"], str) else "\n".join(f"wrote {p}" for p in written["plots"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
