@@ -95,7 +95,22 @@ def print_plan(plan: list[Group], settings: dict) -> None:
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     for i, group in enumerate(plan):
         print(f"[{i + 1:2d}] {group.shape.label:34s} {len(group.kernels):2d} kernels: {describe_kernels(group.kernels)}")
-    print(f"{len(plan)} groups, {sum(len(g.kernels) for g in plan)} kernel rows")
+    print(f"{len(plan)} groups, {sum(len(g.kernels) for g in plan)} kernel rows, "
+          f"~{compiled_configurations(plan)} FA4/Triton compilations (FP8 aside)")
+
+
+def compiled_configurations(plan: list[Group]) -> int:
+    """Distinct (kernel, dtype, head dim, GQA ratio, mask) among compiled kernels: FA4's compile key (and a
+    Triton kernel's specialization) holds those but not the seqlen. SDPA ships precompiled. A rough guide
+    to a run's length: one compilation takes ~2-4 s on the H200."""
+    keys = set()
+    for group in plan:
+        s = group.shape
+        for name in group.kernels:
+            spec = KERNELS[name]
+            if spec.family != "sdpa" and s.dtype != "fp8" and s.dtype in spec.tolerances:
+                keys.add((name, s.dtype, s.head_dim, s.heads_q // s.heads_kv, s.causal))
+    return len(keys)
 
 
 class Progress:

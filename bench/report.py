@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from bench.kernels import BASELINE, H15_BETAS, H15_THRESHOLDS, MAP_KERNELS, KernelSpec, h15_map_name
+from bench.kernels import BASELINE, H15_BETAS, H15_THRESHOLDS, KERNELS, MAP_KERNELS, KernelSpec, h15_map_name
 from bench.sweep import FOCUS_SEQLEN, HEADS_Q, TOKENS, Shape, format_seqlen
 
 STATUSES = ("ok", "check_failed", "unsupported", "unavailable", "error", "skipped")
@@ -181,12 +181,23 @@ def environment_lines(env: dict) -> list[str]:
     return lines
 
 
+def tolerance_line() -> str:
+    """The gate tolerances of the kernel table, kernels with equal tolerances listed together."""
+    by_tolerance: dict[tuple, list[str]] = {}
+    for spec in KERNELS.values():
+        if spec.name not in MAP_KERNELS:
+            by_tolerance.setdefault(tuple(spec.tolerances.items()), []).append(spec.name)
+    parts = [", ".join(names) + ("" if names != ["fa4_h15"] else " (and every fa4_h15_t*_b*)") + ": " +
+             ", ".join(f"{dtype} {tol:g}" for dtype, tol in tolerances) for tolerances, names in by_tolerance.items()]
+    return "gate tolerances (bench/kernels.py, Note [Gate tolerances]): " + "; ".join(parts)
+
+
 def markdown_report(doc: dict) -> str:
     env, rows = doc["env"], doc["rows"]
     gpu = env.get("gpu")
     title = gpu["name"] if isinstance(gpu, dict) else "unknown GPU"
     parts = [f"# Attention forward benchmark: {title}", "", *environment_lines(env),
-             f"- {FLOPS_FORMULA}", f"- {SPEEDUP_DEFINITION}", f"- {GATE_DEFINITION}",
+             f"- {FLOPS_FORMULA}", f"- {SPEEDUP_DEFINITION}", f"- {GATE_DEFINITION}", f"- {tolerance_line()}",
              f"- batch * seqlen = {TOKENS} tokens, {HEADS_Q} query heads unless stated", ""]
     for mask in ("causal", "non-causal"):
         table = seqlen_pivot(rows, mask)
@@ -226,6 +237,9 @@ def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
                        [r["speedup_spread"]["q3"] - yi for yi, r in zip(y, series)]]
                 ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=kernel)
             ax.set_xscale("log", base=2)
+            ticks = sorted({r["seqlen"] for r in ok})
+            ax.set_xticks(ticks, [format_seqlen(t) for t in ticks])
+            ax.minorticks_off()
             ax.set_xlabel("seqlen (batch * seqlen = %d)" % TOKENS)
             ax.set_ylabel("speed-up vs FA4 stock")
             ax.set_title(f"{mask}, bf16, head dim 128, {HEADS_Q} heads")
@@ -244,8 +258,12 @@ def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
             continue
         grid = [[cell[h15_map_name(t, b)]["speedup_vs_fa4_stock"] if h15_map_name(t, b) in cell else math.nan
                  for b in H15_BETAS] for t in H15_THRESHOLDS]
+        from matplotlib.colors import TwoSlopeNorm
+
+        values = [v for line in grid for v in line if math.isfinite(v)]
+        norm = TwoSlopeNorm(vcenter=1.0, vmin=min(min(values), 0.99), vmax=max(max(values), 1.01))
         fig, ax = plt.subplots(figsize=(7, 4))
-        image = ax.imshow(grid, cmap="RdYlGn", aspect="auto")
+        image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto")  # red: slower than stock, green: faster
         ax.set_xticks(range(len(H15_BETAS)), [f"{b:g}" for b in H15_BETAS])
         ax.set_yticks(range(len(H15_THRESHOLDS)), [f"{t:g}" for t in H15_THRESHOLDS])
         ax.set_xlabel("beta (exp2-emulation share)")

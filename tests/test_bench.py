@@ -1,0 +1,453 @@
+"""The benchmark's pure parts on CPU (statistics, plan, FLOPs, gate, writers, CLI) and, on a GPU, a --quick run."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from bench import env_info
+from bench.check import check_batches, check_output, make_inputs, reference_attention
+from bench.kernels import (BASELINE, DEFAULT_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS, h15_map_name,
+                           missing_kwargs)
+from bench.report import (gpu_slug, map_pivot, markdown_report, new_row, read_json, seqlen_pivot, speedup_cell,
+                          write_json, write_plots)
+from bench.sweep import (FOCUS_SEQLEN, GQA_HEADS_KV, HEADS_Q, TOKENS, Shape, attention_flops, build_plan,
+                         make_shape, parse_seqlen, tflops)
+from bench.timing import median, per_round_speedups, rotation_count, round_orders, spread
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---- statistics -------------------------------------------------------------------------------------------
+
+def test_median_odd_even_and_empty():
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+
+
+def test_spread_matches_numpy_percentiles():
+    rng = np.random.default_rng(1)
+    for n in (2, 5, 8, 21):
+        values = list(rng.lognormal(size=n))
+        s = spread(values)
+        q = np.percentile(values, [0, 25, 50, 75, 100])
+        assert [s["min"], s["q1"], s["median"], s["q3"], s["max"]] == pytest.approx(list(q), rel=1e-12)
+    assert spread([1.5]) == {"min": 1.5, "q1": 1.5, "median": 1.5, "q3": 1.5, "max": 1.5}
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_per_round_speedups_use_each_rounds_medians():
+    baseline = [[2.0, 2.2, 9.0], [4.0, 4.0, 4.1]]  # the 9.0 outlier must not move round 0's median
+    kernel = [[1.0, 1.1, 0.9], [8.0, 1.0, 2.0]]
+    assert per_round_speedups(baseline, kernel) == pytest.approx([2.2 / 1.0, 4.0 / 2.0])
+    with pytest.raises(ValueError):
+        per_round_speedups(baseline, kernel[:1])
+
+
+def test_rotation_count_exceeds_twice_l2_with_fewest_sets():
+    h200_l2 = 50 * 2**20
+    assert rotation_count(384 * 2**20, h200_l2) == 2  # a 32K-token hd128 set: two sets already
+    rng = random.Random(0)
+    for _ in range(200):
+        set_bytes, l2 = rng.randint(1, 10**9), rng.randint(0, 10**9)
+        n = rotation_count(set_bytes, l2)
+        assert n * set_bytes > 2 * l2 and n >= 2
+        assert n == 2 or (n - 1) * set_bytes <= 2 * l2
+    with pytest.raises(ValueError):
+        rotation_count(0, h200_l2)
+
+
+def test_round_orders_are_seeded_permutations():
+    names = ["a", "b", "c", "d", "e"]
+    orders = round_orders(names, 30, seed=3)
+    assert len(orders) == 30 and all(sorted(o) == names for o in orders)
+    assert orders == round_orders(names, 30, seed=3)
+    assert orders != round_orders(names, 30, seed=4)
+    assert len({tuple(o) for o in orders}) > 10  # really shuffled, not one fixed order
+    with pytest.raises(ValueError):
+        round_orders(names, 0, seed=0)
+
+
+# ---- plan ---------------------------------------------------------------------------------------------------
+
+def test_full_plan_holds_tokens_constant_and_places_the_map_at_8k_causal():
+    plan = build_plan(quick=False)
+    assert all(BASELINE in g.kernels for g in plan)
+    shapes = [g.shape for g in plan]
+    assert len(set(shapes)) == len(shapes)
+    for s in shapes:
+        assert s.batch * s.seqlen == TOKENS and s.heads_q == HEADS_Q
+    assert sorted({s.seqlen for s in shapes}) == [1024, 2048, 4096, 8192, 16384, 32768]
+    gqa = [s for s in shapes if s.is_gqa]
+    assert gqa and all(s.heads_kv == GQA_HEADS_KV and s.seqlen == FOCUS_SEQLEN for s in gqa)
+    assert {s.dtype for s in shapes} == {"bf16", "fp16", "fp8"}
+    assert {s.head_dim for s in shapes} == {64, 128}
+    with_map = [g for g in plan if set(MAP_KERNELS) <= set(g.kernels)]
+    assert [(g.shape.seqlen, g.shape.causal, g.shape.dtype) for g in with_map] == [(FOCUS_SEQLEN, True, "bf16")]
+    assert plan[0] is with_map[0]  # most informative group first
+    both = build_plan(quick=False, map_masks="both")
+    assert sum(set(MAP_KERNELS) <= set(g.kernels) for g in both) == 2
+    assert not any(set(MAP_KERNELS) & set(g.kernels) for g in build_plan(quick=False, map_masks="none"))
+
+
+def test_quick_plan_and_filters():
+    quick = build_plan(quick=True)
+    assert [(g.shape.seqlen, g.shape.causal) for g in quick] == [(8192, True), (8192, False), (2048, True),
+                                                                 (2048, False)]
+    assert all(g.kernels == QUICK_KERNELS and g.shape.dtype == "bf16" and g.shape.head_dim == 128 for g in quick)
+    picked = build_plan(quick=False, kernel_patterns=["sdpa_*"], seqlens=[4096, 1000])
+    assert all(g.kernels == (BASELINE, "sdpa_cudnn", "sdpa_flash") for g in picked)
+    assert {g.shape.seqlen for g in picked} == {4096, 1000}  # no 8K: no variants, no FP8, no map
+    assert [g.shape.batch for g in picked if g.shape.seqlen == 1000] == [32, 32]
+    with pytest.raises(ValueError, match="matches no kernel"):
+        build_plan(quick=True, kernel_patterns=["nope*"])
+    with pytest.raises(ValueError, match="map_masks"):
+        build_plan(quick=False, map_masks="diagonal")
+    with pytest.raises(ValueError, match="seqlens"):
+        build_plan(quick=True, seqlens=[])
+
+
+def test_shape_validation_and_seqlen_parsing():
+    assert parse_seqlen("8K") == 8192 and parse_seqlen("8k") == 8192 and parse_seqlen("1000") == 1000
+    for bad in ("0", "-1", "8M", "", "1.5K"):
+        with pytest.raises(ValueError, match="seqlen"):
+            parse_seqlen(bad)
+    with pytest.raises(ValueError, match="heads_q"):
+        make_shape(1024, True, heads_q=16, heads_kv=5)
+    with pytest.raises(ValueError, match="dtype"):
+        make_shape(1024, True, dtype="fp32")
+    with pytest.raises(TypeError, match="causal"):
+        Shape(1024, 1, "bf16", 128, 16, 16, 32)
+    assert make_shape(40000, False).batch == 1
+
+
+def test_flops_formula_counts_two_gemms_and_halves_causal():
+    shape = make_shape(1024, causal=False, head_dim=64, heads_q=8, heads_kv=2, tokens=4096)
+    b, h, s, d = 4, 8, 1024, 64
+    # QK^T: b*h*s*s*d multiply-adds; PV: the same; 2 FLOPs each. GQA does not change the count.
+    assert attention_flops(shape) == 2 * (2 * b * h * s * s * d)
+    causal = make_shape(1024, causal=True, head_dim=64, heads_q=8, heads_kv=2, tokens=4096)
+    assert attention_flops(causal) == attention_flops(shape) / 2
+    assert tflops(shape, 1000.0) == pytest.approx(attention_flops(shape) / 1e12)
+    assert tflops(shape, 2.0) == pytest.approx(attention_flops(shape) / 2e-3 / 1e12)
+    with pytest.raises(ValueError):
+        tflops(shape, 0.0)
+
+
+# ---- reference and gate ----------------------------------------------------------------------------------------
+
+def naive_attention_fp64(q, k, v, causal, batch_indices):
+    q, k, v = q.double(), k.double(), v.double()
+    _, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    out = torch.zeros(len(batch_indices), sq, hq, v.shape[-1], dtype=torch.float64)
+    for i, b in enumerate(batch_indices):
+        for h in range(hq):
+            kh = h // (hq // hk)
+            for row in range(sq):
+                scores = (k[b, :, kh] @ q[b, row, h]) / math.sqrt(d)
+                if causal:
+                    visible = torch.arange(sk) <= row + sk - sq
+                    if not visible.any():
+                        continue  # fully masked row: 0
+                    scores = scores.masked_fill(~visible, -math.inf)
+                w = torch.softmax(scores, dim=0)
+                out[i, row, h] = w @ v[b, :, kh]
+    return out
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,causal", [(37, 53, True), (53, 37, True), (29, 29, False)])
+def test_reference_matches_fp64_on_odd_gqa_shapes(seqlen_q, seqlen_k, causal):
+    gen = torch.Generator().manual_seed(seqlen_q * 100 + seqlen_k)
+    q = torch.randn(3, seqlen_q, 6, 24, generator=gen).bfloat16()
+    k = torch.randn(3, seqlen_k, 2, 24, generator=gen).bfloat16()
+    v = torch.randn(3, seqlen_k, 2, 24, generator=gen).bfloat16()
+    ref = reference_attention(q, k, v, causal, [0, 2])
+    want = naive_attention_fp64(q, k, v, causal, [0, 2])
+    assert ref.dtype == torch.float32 and ref.shape == (2, seqlen_q, 6, 24)
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(ref.double(), want, rtol=1e-5, atol=1e-5)
+    if seqlen_q > seqlen_k and causal:
+        assert (ref[:, : seqlen_q - seqlen_k] == 0).all()
+
+
+def test_check_output_accepts_close_and_rejects_wrong_outputs():
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(2, 64, 4, 32, generator=gen)
+    close = ref + 1e-3 * torch.randn(ref.shape, generator=gen)
+    result = check_output(close.bfloat16(), ref, 1e-2)
+    assert result.passed and 0 < result.rel_err < 1e-2 and result.reason == ""
+    assert not check_output(torch.zeros_like(ref), ref, 0.5).passed  # rel err 1.0
+    heads_swapped = ref[:, :, [1, 0, 3, 2]]
+    swapped = check_output(heads_swapped, ref, 0.5)
+    assert not swapped.passed and swapped.rel_err > 1.0 and "tolerance" in swapped.reason
+    nan = ref.clone()
+    nan[1, 5, 2, 7] = math.nan
+    assert check_output(nan, ref, 10.0).reason == "1 non-finite output values"
+    inf = ref.clone()
+    inf[0, 0, 0, 0] = math.inf
+    assert not check_output(inf, ref, 10.0).passed
+    assert "shape" in check_output(ref[:1], ref, 1.0).reason
+    with pytest.raises(ValueError, match="tolerance"):
+        check_output(ref, ref, 0.0)
+
+
+def test_gate_through_a_real_kernel_and_a_wrong_mask():
+    """sdpa_flash runs on the CPU too: its layout handling must pass the gate, and the wrong mask must fail it."""
+    shape = make_shape(96, causal=True, heads_q=4, heads_kv=2, head_dim=32, tokens=192)
+    (q, k, v), = make_inputs(shape, 1, "cpu", seed=5)
+    batches = check_batches(shape.batch)
+    ref = reference_attention(q, k, v, shape.causal, batches)
+    spec = KERNELS["sdpa_flash"]
+    good = check_output(spec.bind(q, k, v, True)()[batches], ref, spec.tolerance("bf16"))
+    assert good.passed, good
+    wrong_mask = check_output(spec.bind(q, k, v, False)()[batches], ref, spec.tolerance("bf16"))
+    assert not wrong_mask.passed and wrong_mask.rel_err > 10 * spec.tolerance("bf16")
+
+
+def test_make_inputs_shapes_dtypes_and_independent_sets():
+    shape = make_shape(64, causal=False, dtype="fp8", heads_q=4, heads_kv=1, head_dim=16, tokens=128)
+    sets = make_inputs(shape, 3, "cpu", seed=1)
+    assert len(sets) == 3
+    q, k, v = sets[0]
+    assert q.shape == (2, 64, 4, 16) and k.shape == v.shape == (2, 64, 1, 16)
+    assert q.dtype == torch.float8_e4m3fn
+    assert not torch.equal(sets[0][0].float(), sets[1][0].float())
+    assert torch.equal(make_inputs(shape, 1, "cpu", seed=1)[0][0].float(), q.float())
+    assert check_batches(1) == [0] and check_batches(4) == [0, 3]
+
+
+# ---- kernel table ----------------------------------------------------------------------------------------------
+
+def test_kernel_table_contents():
+    assert list(KERNELS)[0] == BASELINE
+    assert len(MAP_KERNELS) == 24 and len(set(MAP_KERNELS)) == 24
+    assert h15_map_name(4.0, 0.125) == "fa4_h15_t4_b0.125" and h15_map_name(4.0, 0.125) in KERNELS
+    assert dict(KERNELS["fa4_h15_t8_b0.375"].knobs) == {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0,
+                                                       "beta": 0.375}
+    assert {"aiter_mxfp8", "aiter_mxfp6_exact", "aiter_mxfp4", "sdpa_cudnn", "sdpa_flash"} <= set(DEFAULT_KERNELS)
+    assert not set(MAP_KERNELS) & set(DEFAULT_KERNELS)
+    assert set(QUICK_KERNELS) <= set(DEFAULT_KERNELS)
+    for spec in KERNELS.values():
+        assert spec.tolerance("bf16") > 0
+        reason = spec.unavailable_reason()  # never raises; None or a sentence
+        assert reason is None or (isinstance(reason, str) and reason)
+
+
+def test_kernel_support_rules():
+    hopper, blackwell = (9, 0), (10, 0)
+    assert "SM100" in KERNELS[BASELINE].unsupported_reason("fp8", hopper)
+    assert KERNELS[BASELINE].unsupported_reason("fp8", blackwell) is None
+    assert KERNELS[BASELINE].unsupported_reason("fp16", hopper) is None
+    assert "bf16" in KERNELS["aiter_mxfp8"].unsupported_reason("fp16", hopper)
+    assert KERNELS["sdpa_cudnn"].unsupported_reason("fp8", blackwell) is not None
+    assert KERNELS["aiter_mxfp4"].tolerance("bf16") > KERNELS["aiter_mxfp8"].tolerance("bf16")
+    assert KERNELS["fa4_h15"].tolerance("bf16") > KERNELS[BASELINE].tolerance("bf16")
+    with pytest.raises(ValueError, match="dtype"):
+        KERNELS["aiter_mxfp8"].tolerance("fp16")
+
+
+def test_patch_detection_by_signature():
+    def stock(q, k, v, causal=False):
+        pass
+
+    def patched(q, k, v, causal=False, softmax_mode="exact", rescale_threshold=None, beta=None):
+        pass
+
+    assert missing_kwargs(stock, ("softmax_mode", "beta")) == ["softmax_mode", "beta"]
+    assert missing_kwargs(patched, ("softmax_mode", "rescale_threshold", "beta")) == []
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:
+        pytest.skip("flash_attn.cute does not import here")
+    missing = missing_kwargs(flash_attn_func, ("softmax_mode", "rescale_threshold", "beta"))
+    reason = KERNELS["fa4_h15"].unavailable_reason()
+    if missing:
+        assert reason is not None and all(name in reason for name in missing)
+    else:
+        assert reason is None
+    assert KERNELS[BASELINE].unavailable_reason() is None
+
+
+# ---- report ----------------------------------------------------------------------------------------------------
+
+def fake_doc():
+    rows = []
+    for seqlen in (2048, 8192):
+        for causal in (True, False):
+            shape = make_shape(seqlen, causal)
+            for name, speed in ((BASELINE, 1.0), ("fa4_h15", 1.05), ("sdpa_cudnn", 0.9)):
+                row = new_row(shape, KERNELS[name])
+                row.update(status="ok", median_ms=2.0 / speed, tflops=500.0 * speed, speedup_vs_fa4_stock=speed,
+                           speedup_spread={"min": speed - 0.03, "q1": speed - 0.01, "median": speed,
+                                           "q3": speed + 0.02, "max": speed + 0.04},
+                           check={"passed": True, "rel_err": 2e-3, "max_abs_err": 1e-2, "tolerance": 1e-2,
+                                  "reason": ""})
+                rows.append(row)
+            aiter = new_row(shape, KERNELS["aiter_mxfp8"])
+            aiter.update(status="unavailable", reason="cannot import aiter_fused.attention | ModuleNotFoundError")
+            rows.append(aiter)
+    for i, name in enumerate(MAP_KERNELS):
+        row = new_row(make_shape(FOCUS_SEQLEN, True), KERNELS[name])
+        row.update(status="ok", median_ms=1.0, tflops=600.0, speedup_vs_fa4_stock=1.0 + i / 100,
+                   speedup_spread={"min": 0.9, "q1": 0.95, "median": 1.0, "q3": 1.05, "max": 1.1})
+        rows.append(row)
+    failed = new_row(make_shape(FOCUS_SEQLEN, True), KERNELS["aiter_mxfp4"])
+    failed.update(status="check_failed", reason="relative error 0.7 > tolerance 0.4",
+                  check={"passed": False, "rel_err": 0.7, "max_abs_err": 3.0, "tolerance": 0.4, "reason": "x"})
+    rows.append(failed)
+    env = env_info.collect({"preset": "test"})
+    env["gpu"] = {"name": "NVIDIA H200", "capability": "9.0", "sm_count": 132, "memory_bytes": 1,
+                  "l2_cache_bytes": 50 * 2**20, "device_index": 0}
+    return {"schema": 1, "env": env, "rows": rows}
+
+
+def test_markdown_report_tables():
+    doc = fake_doc()
+    md = markdown_report(doc)
+    assert md.startswith("# Attention forward benchmark: NVIDIA H200")
+    assert "halved for causal" in md and "L2 50 MiB" in md
+    causal = seqlen_pivot(doc["rows"], "causal")
+    lines = causal.splitlines()
+    assert lines[0] == "| kernel | 2K | 8K |"
+    assert "| fa4_stock | 500 TFLOPS | 500 TFLOPS |" in lines
+    assert "| fa4_h15 | 1.050 [1.04, 1.07] | 1.050 [1.04, 1.07] |" in lines
+    assert any(line.startswith("| aiter_mxfp4 |") and "check failed (0.7 > 0.4)" in line for line in lines)
+    assert not any("fa4_h15_t" in line for line in lines)  # the map has its own table
+    heat = map_pivot(doc["rows"], "causal").splitlines()
+    assert heat[0].startswith("| threshold \\ beta | 0 | 0.125 |") and len(heat) == 2 + 4
+    assert heat[4].startswith("| 4 | 1.120 [0.95, 1.05] |")  # i = 12: threshold 4, beta 0
+    assert map_pivot(doc["rows"], "non-causal") is None
+    assert "aiter_fused.attention \\| ModuleNotFoundError" in md  # pipes escaped in the all-rows table
+    assert speedup_cell(doc["rows"][3]) == "unavailable"
+
+
+def test_json_round_trip_and_nan(tmp_path):
+    doc = fake_doc()
+    doc["rows"][0]["median_ms"] = math.nan
+    doc["rows"][1]["round_speedups"] = [1.0, math.inf]
+    path = tmp_path / "r.json"
+    write_json(str(path), doc)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    back = read_json(str(path))
+    assert back["rows"][0]["median_ms"] is None and back["rows"][1]["round_speedups"] == [1.0, None]
+    assert back["rows"][2] == json.loads(json.dumps(doc["rows"][2]))
+    (tmp_path / "bad.json").write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="env"):
+        read_json(str(tmp_path / "bad.json"))
+
+
+def test_report_cli_regenerates_markdown_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from bench.report import main
+
+    path = tmp_path / "h200_full.json"
+    write_json(str(path), fake_doc())
+    assert main([str(path)]) == 0
+    assert "h200_full_h15_map_8K_causal.png" in capsys.readouterr().out
+    assert (tmp_path / "h200_full.md").read_text() == markdown_report(read_json(str(path)))
+    for png in ("h200_full_speedup_vs_seqlen.png", "h200_full_h15_map_8K_causal.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_say_why_when_nothing_to_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    doc = fake_doc()
+    doc["rows"] = [r for r in doc["rows"] if r["status"] != "ok"]
+    assert write_plots(doc, str(tmp_path), "x") == []
+
+
+def test_gpu_slug_and_env_info():
+    assert gpu_slug("NVIDIA H200") == "h200" and gpu_slug("NVIDIA B200") == "b200"
+    assert gpu_slug("NVIDIA GeForce RTX 4090") == "4090" and gpu_slug(None) == "gpu"
+    env = env_info.collect({"rounds": 3})
+    json.dumps(env)
+    assert env["packages"]["torch"] == torch.__version__.split("+")[0] or env["packages"]["torch"] == torch.__version__
+    assert env["settings"] == {"rounds": 3}
+    assert isinstance(env["nvidia_smi"], (dict, str))
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------------
+
+def test_cli_dry_run_prints_the_plan():
+    proc = run_cli("--quick", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("settings: preset=quick") and "rounds=5" in lines[0]
+    assert sum(line.startswith("[") for line in lines) == 4
+    assert "8K causal bf16 d128 h16 b4" in proc.stdout and "2K non-causal bf16 d128 h16 b16" in proc.stdout
+    assert lines[-1] == "4 groups, 16 kernel rows, ~6 FA4/Triton compilations (FP8 aside)"
+
+
+def cli_main(capsys, *argv):
+    from bench.__main__ import main
+
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse errors
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    rc, _, err = cli_main(capsys, "--kernels", "fa5*", "--dry-run")
+    assert rc == 2 and "--kernels: 'fa5*' matches no kernel" in err
+    rc, _, err = cli_main(capsys, "--seqlens", "8M", "--dry-run")
+    assert rc == 2 and "seqlen must be a positive integer" in err
+    rc, _, err = cli_main(capsys, "--rounds", "0", "--dry-run")
+    assert rc == 2 and "--rounds" in err
+    rc, _, err = cli_main(capsys, "--max-minutes", "-1", "--dry-run")
+    assert rc == 2 and "--max-minutes" in err
+    rc, out, _ = cli_main(capsys, "--dry-run", "--rounds", "3", "--map-masks", "both")
+    assert rc == 0 and "rounds=3" in out and out.count("(24 map points)") == 2 and "h16/4" in out
+    if not torch.cuda.is_available():
+        rc, _, err = cli_main(capsys, "--quick")
+        assert rc == 2 and "no CUDA device" in err
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------------
+
+@gpu
+@needs_cuda
+def test_interleaved_timing_ranks_a_4x_larger_matmul_slower():
+    from bench.timing import time_interleaved
+
+    a = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    b = [torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    launchers = {"small": [lambda x=x: x @ x for x in a], "large": [lambda x=x, y=y: x @ y for x, y in zip(b, a)]}
+    times, errors = time_interleaved(launchers, rounds=4, calls_per_round=5, warmup=2, seed=0)
+    assert errors == {} and all(len(t) == 4 and all(len(r) == 5 for r in t) for t in times.values())
+    ratios = per_round_speedups(times["large"], times["small"])
+    assert all(2.0 < r < 6.0 for r in ratios), ratios
+
+
+@gpu
+@needs_cuda
+def test_quick_run_writes_results(tmp_path):
+    proc = run_cli("--quick", "--out", str(tmp_path), "--name", "t", "--rounds", "2", "--calls-per-round", "2",
+                   "--no-plots", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = read_json(str(tmp_path / "t.json"))
+    assert len(doc["rows"]) == 16 and (tmp_path / "t.md").exists()
+    stock = [r for r in doc["rows"] if r["kernel"] == BASELINE]
+    assert all(r["status"] == "ok" and r["speedup_vs_fa4_stock"] == 1.0 and r["check"]["passed"] for r in stock)
+    cudnn = [r for r in doc["rows"] if r["kernel"] == "sdpa_cudnn"]
+    assert all(r["status"] == "ok" and 100 < r["tflops"] < 2000 for r in cudnn), cudnn
