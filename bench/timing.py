@@ -88,7 +88,8 @@ def time_interleaved(launchers: Mapping[str, Sequence[Callable[[], object]]], *,
                      on_round: Callable[[int], None] | None = None) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
     """Time every kernel of a group in interleaved rounds on the current CUDA device.
 
-    `launchers[name]` holds one zero-argument launch per rotating input set; call i uses set i mod n.
+    `launchers[name]` holds one zero-argument launch per rotating input set (the same sets for every
+    kernel); the group's i-th call, whichever kernel makes it, uses set i mod n.
     Returns (times, errors): `times[name][round]` is that round's list of per-call milliseconds; a kernel
     that raises is dropped from later rounds, loses its partial times and gets its message in `errors`.
     """
@@ -96,12 +97,13 @@ def time_interleaved(launchers: Mapping[str, Sequence[Callable[[], object]]], *,
         raise ValueError(f"need calls_per_round >= 1 and warmup >= 0, got {calls_per_round}, {warmup}")
     times: dict[str, list[list[float]]] = {name: [] for name in launchers}
     errors: dict[str, str] = {}
-    cursor = {name: 0 for name in launchers}
+    cursor = 0  # shared by all kernels: consecutive calls never read the same input set
 
     def next_launch(name):
+        nonlocal cursor
         sets = launchers[name]
-        launch = sets[cursor[name] % len(sets)]
-        cursor[name] += 1
+        launch = sets[cursor % len(sets)]
+        cursor += 1
         return launch
 
     for name in launchers:
