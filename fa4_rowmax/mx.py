@@ -64,6 +64,7 @@ __all__ = [
     "E8M0_NAN",
     "MX_BLOCK",
     "element_format",
+    "exact_pow2",
     "round_to_element",
     "rceil_scale_exponent",
     "quantize_mx",
@@ -106,7 +107,7 @@ def element_format(fmt: str) -> ElementFormat:
     return ELEMENT_FORMATS[fmt]
 
 
-def _exact_pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def exact_pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """2**exponent, built from the bits (no libm call), exact over the normal and subnormal range."""
     if dtype == torch.float32:
         mantissa_bits, bias, int_dtype = 23, 127, torch.int32
@@ -127,7 +128,7 @@ def round_to_element(v: torch.Tensor, fmt: str) -> torch.Tensor:
     v = v.clamp(-spec.max_normal, spec.max_normal)
     _, frexp_exponent = torch.frexp(v)  # |v| = m * 2**e, m in [0.5, 1): floor(log2|v|) = e - 1
     exponent = (frexp_exponent - 1).clamp(min=spec.min_normal_exponent)
-    quantum = _exact_pow2(exponent - spec.mantissa_bits, v.dtype)
+    quantum = exact_pow2(exponent - spec.mantissa_bits, v.dtype)
     return torch.round(v / quantum) * quantum  # torch.round: half to even; both scalings are exact
 
 
@@ -175,7 +176,7 @@ def quantize_mx(x: torch.Tensor, fmt: str, block: int = MX_BLOCK, dim: int = -1)
     amax = blocks.abs().amax(dim=-1, keepdim=True)  # NaN if the block holds a NaN
     finite = torch.isfinite(amax)
     exponent = rceil_scale_exponent(torch.where(finite, amax, torch.zeros_like(amax)), fmt)
-    elements = round_to_element(blocks * _exact_pow2(-exponent, work_dtype), spec.name)
+    elements = round_to_element(blocks * exact_pow2(-exponent, work_dtype), spec.name)
     elements = torch.where(finite, elements, torch.full_like(elements, float("nan")))
     scale = torch.where(finite, exponent + E8M0_BIAS, torch.full_like(exponent, E8M0_NAN)).to(torch.uint8)
 
@@ -198,7 +199,7 @@ def dequantize_mx(scale: torch.Tensor, elements: torch.Tensor, block: int = MX_B
         raise ValueError(f"scale must have shape {tuple(expected)} for elements {tuple(elements.shape)}; "
                          f"got {tuple(scale.shape)}")
     work_dtype = torch.float64 if elements.dtype == torch.float64 else torch.float32
-    factor = _exact_pow2(scale.to(torch.int32) - E8M0_BIAS, work_dtype)
+    factor = exact_pow2(scale.to(torch.int32) - E8M0_BIAS, work_dtype)
     factor = torch.where(scale == E8M0_NAN, torch.full_like(factor, float("nan")), factor)
     factor = factor.repeat_interleave(block, dim=dim).narrow(dim, 0, n)
     return (elements.to(work_dtype) * factor).to(dtype)

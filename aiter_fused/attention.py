@@ -1,0 +1,220 @@
+"""Host entry points of the Fused-Softmax Triton kernel: checks, MX operand quantization, launch.
+
+``fused_softmax_attention`` (dense, FlashAttention layout) and ``fused_softmax_attention_varlen``
+(packed sequences). BF16 in, BF16 out, LSE float32 (natural log). The numerics are
+``fa4_rowmax.fused_softmax``'s (``fused_softmax_attention_reference``); ``exact=True`` runs the
+same kernel with online softmax, exact exp2 and unquantized BF16 operands (``mx_format`` is then
+checked but not used).
+
+Q and K are MX-quantized along head_dim and V along keys (per sequence) here, before the launch,
+into e4m3-container elements and E8M0 bytes (see Note [MX dots, per architecture] in ``kernel.py``);
+P is quantized inside the kernel.
+
+On a CPU tensor the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` set before
+``triton`` is imported): that is how the tests run it without a GPU.
+"""
+
+import math
+import os
+from typing import Optional
+
+import torch
+
+from fa4_rowmax.fused_softmax import (
+    check_mx_format,
+    check_recovery_threshold,
+    operand_element_format,
+    p_element_format,
+)
+from fa4_rowmax.mx import ELEMENT_FORMATS, MX_BLOCK, exact_pow2, quantize_mx, rceil_scale_exponent, round_to_element
+
+__all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "HEAD_DIMS", "TILE_SIZES"]
+
+HEAD_DIMS = (32, 64, 128, 256)
+TILE_SIZES = (32, 64, 128)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_tensors(q, k, v, rank: int, layout: str):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be bfloat16 (BF16 in, BF16 out); got {t.dtype}")
+        if t.dim() != rank:
+            raise ValueError(f"{name} must be {rank}-D {layout}; got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}); got {t.device}")
+    if q.device.type == "cpu" and not _interpreting():
+        raise ValueError("q, k, v must be on a GPU, or on the CPU with TRITON_INTERPRET=1 (Triton's interpreter)")
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        raise ValueError(f"head_dim of q, k and v must be equal and one of {HEAD_DIMS}; got "
+                         f"{q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    heads_q, heads_k = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != heads_k or heads_k == 0 or heads_q % heads_k:
+        raise ValueError(f"heads of q ({heads_q}) must be a multiple of the heads of k and v "
+                         f"({heads_k}, {v.shape[-2]}, equal)")
+
+
+def _default_dot_scaled(device: torch.device) -> bool:
+    """Native MX dots: gfx950 (MI350/MI355) and NVIDIA compute capability >= 10. Elsewhere, BF16 dots
+    on exactly dequantized operands (see Note [MX dots, per architecture])."""
+    if device.type != "cuda":
+        return False
+    props = torch.cuda.get_device_properties(device)
+    if getattr(torch.version, "hip", None):
+        return getattr(props, "gcnArchName", "").startswith("gfx950")
+    return props.major >= 10
+
+
+def _quantize_v_per_sequence(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor):
+    """V (total_k, heads_k, head_dim) in MX blocks of 32 keys that restart at every sequence.
+    Returns (elements, scale (total_blocks, heads_k, head_dim) uint8, cu_blocks (batch + 1) int32)."""
+    total = v.shape[0]
+    cu = cu_seqlens_k.to(torch.int64)
+    blocks_per_seq = (cu[1:] - cu[:-1] + MX_BLOCK - 1) // MX_BLOCK
+    cu_blocks = torch.zeros_like(cu)
+    cu_blocks[1:] = torch.cumsum(blocks_per_seq, 0)
+    keys = torch.arange(total, device=v.device)
+    seq_of_key = torch.searchsorted(cu[1:], keys, right=True)
+    block_of_key = cu_blocks[seq_of_key] + (keys - cu[seq_of_key]) // MX_BLOCK
+    num_blocks = int(cu_blocks[-1])
+
+    values = v.float()
+    finite = torch.isfinite(values)
+    amax = torch.zeros(num_blocks, *v.shape[1:], device=v.device)
+    index = block_of_key[:, None, None].expand_as(values)
+    amax.scatter_reduce_(0, index, torch.where(finite, values.abs(), 0.0), "amax")
+    poisoned = torch.zeros(num_blocks, *v.shape[1:], device=v.device)
+    poisoned = poisoned.index_add_(0, block_of_key, (~finite).float()) > 0
+    exponent = rceil_scale_exponent(amax, fmt)
+    elements = round_to_element(values * exact_pow2(-exponent[block_of_key], torch.float32), fmt)
+    elements = torch.where(poisoned[block_of_key], float("nan"), elements)
+    scale = torch.where(poisoned, 255, exponent + 127).to(torch.uint8)
+    return elements.to(torch.float8_e4m3fn), scale, cu_blocks.to(torch.int32)
+
+
+def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale, mx_format, exact,
+            recovery_threshold, tile_n, dot_scaled, return_recoveries):
+    """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
+    import triton
+    import triton.language as tl
+
+    from aiter_fused.kernel import _fused_softmax_attn_fwd
+
+    check_mx_format(mx_format)
+    recovery_threshold = check_recovery_threshold(recovery_threshold)
+    if tile_n not in TILE_SIZES:
+        raise ValueError(f"tile_n must be one of {TILE_SIZES}; got {tile_n!r}")
+    if not isinstance(causal, bool) or not isinstance(exact, bool):
+        raise TypeError("causal and exact must be bool")
+    head_dim = q.shape[-1]
+    softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a finite positive number; got {softmax_scale}")
+    dot_scaled = _default_dot_scaled(q.device) if dot_scaled is None else bool(dot_scaled)
+
+    batch = cu_seqlens_q.numel() - 1
+    heads_q, heads_k = q.shape[1], k.shape[1]
+    out = torch.empty_like(q)
+    lse = torch.empty(heads_q, q.shape[0], dtype=torch.float32, device=q.device)
+    recoveries = torch.zeros(heads_q, q.shape[0], dtype=torch.int32, device=q.device)
+    if exact:
+        q_in, k_in, v_in = q, k, v
+        q_scale = k_scale = v_scale = torch.zeros(1, 1, 1, dtype=torch.uint8, device=q.device)
+        cu_blocks = torch.zeros_like(cu_seqlens_k)
+    else:
+        fmt = operand_element_format(mx_format)
+        q_scale, q_elements = quantize_mx(q, fmt, dim=-1)
+        k_scale, k_elements = quantize_mx(k, fmt, dim=-1)
+        q_in, k_in = q_elements.to(torch.float8_e4m3fn), k_elements.to(torch.float8_e4m3fn)
+        v_in, v_scale, cu_blocks = _quantize_v_per_sequence(v, fmt, cu_seqlens_k)
+    p_spec = ELEMENT_FORMATS[p_element_format(mx_format)]
+    p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
+
+    block_m = 16 if q.device.type == "cpu" else 64
+    grid = (triton.cdiv(max_seqlen_q, block_m), batch, heads_q)
+    if q.shape[0] == 0:
+        return out, lse, recoveries
+    _fused_softmax_attn_fwd[grid](
+        q_in, k_in, v_in, q_scale, k_scale, v_scale, out, lse, recoveries,
+        cu_seqlens_q, cu_seqlens_k, cu_blocks,
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
+        q_scale.stride(0), q_scale.stride(1), k_scale.stride(0), k_scale.stride(1),
+        v_scale.stride(0), v_scale.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        softmax_scale * math.log2(math.e), recovery_threshold,
+        GROUP=heads_q // heads_k, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tile_n,
+        CAUSAL=causal, EXACT=exact, DOT_SCALED=dot_scaled, RETURN_RECOVERIES=return_recoveries,
+        DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
+        P_MANTISSA=p_spec.mantissa_bits, P_MIN_EXPONENT=p_spec.min_normal_exponent, P_MAX_NORMAL=p_spec.max_normal,
+        P_MAX_MANTISSA_BITS=p_max_bits & 0x7FFFFF, P_MAX_EXPONENT=((p_max_bits >> 23) & 0xFF) - 127,
+        num_warps=4,
+    )
+    return out, lse, recoveries
+
+
+def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
+                            mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
+                            return_lse: bool = True, tile_n: int = 128, dot_scaled: Optional[bool] = None,
+                            return_recoveries: bool = False):
+    """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
+    heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
+    masks aligned bottom-right. Returns ``(out, lse)`` (lse float32 (batch, heads_q, seqlen_q), natural
+    log), or ``out`` alone with ``return_lse=False``; with ``return_recoveries=True`` a third tensor
+    (int32, like lse) counts the recoveries per row. ``tile_n`` is the KV tile (the frozen max comes
+    from the first one); ``dot_scaled`` picks the dot strategy (None: by architecture)."""
+    _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    if k.shape[0] != batch or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"k and v must have shape (batch={batch}, seqlen_k, heads_k, head_dim) alike; got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
+    cu_k = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_k
+    out, lse, recoveries = _launch(
+        q.reshape(batch * seqlen_q, heads_q, head_dim), k.reshape(batch * seqlen_k, -1, head_dim),
+        v.reshape(batch * seqlen_k, -1, head_dim), cu_q, cu_k, seqlen_q, causal, softmax_scale, mx_format, exact,
+        recovery_threshold, tile_n, dot_scaled, return_recoveries)
+    out = out.reshape(batch, seqlen_q, heads_q, head_dim)
+    lse = lse.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
+    result = (out, lse) if return_lse else (out,)
+    if return_recoveries:
+        result += (recoveries.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous(),)
+    return result if len(result) > 1 else result[0]
+
+
+def fused_softmax_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                                   causal: bool = False, softmax_scale: Optional[float] = None,
+                                   mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
+                                   return_lse: bool = True, tile_n: int = 128, dot_scaled: Optional[bool] = None,
+                                   return_recoveries: bool = False):
+    """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
+    (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries
+    like lse with ``return_recoveries=True``). ``max_seqlen_k`` is accepted for FlashAttention's
+    signature; the kernel reads the key lengths from ``cu_seqlens_k``."""
+    _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+            raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 >= 2 offsets")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}); got {cu.device}")
+        if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"{name} must start at 0, never decrease and end at {total}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
+    lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    if int(lengths_q.max()) > max_seqlen_q:
+        raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is below the longest query sequence ({int(lengths_q.max())})")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"k and v must have the same number of tokens; got {k.shape[0]} and {v.shape[0]}")
+    out, lse, recoveries = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), causal, softmax_scale,
+                                   mx_format, exact, recovery_threshold, tile_n, dot_scaled, return_recoveries)
+    result = (out, lse) if return_lse else (out,)
+    if return_recoveries:
+        result += (recoveries,)
+    return result if len(result) > 1 else result[0]
