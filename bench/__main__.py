@@ -114,17 +114,19 @@ def compiled_configurations(plan: list[Group]) -> int:
 
 
 class Progress:
-    """tqdm when installed, else one printed line per step (the device image may lack tqdm)."""
+    """A tqdm bar on a terminal; elsewhere (a log file, the device's captured output, or no tqdm installed)
+    one plain line per step with the elapsed time, which reads well in a log."""
 
     def __init__(self, total: int):
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self._bar = None
-            print("progress: tqdm not installed, printing one line per step", flush=True)
-        else:
-            self._bar = tqdm(total=total, unit="step", dynamic_ncols=True)
-        self._total, self._done = total, 0
+        self._bar = None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                print("progress: tqdm not installed, printing one line per step", flush=True)
+            else:
+                self._bar = tqdm(total=total, unit="step", dynamic_ncols=True)
+        self._total, self._done, self._start = total, 0, time.perf_counter()
 
     def step(self, text: str, n: int = 1) -> None:
         self._done += n
@@ -132,7 +134,7 @@ class Progress:
             self._bar.set_description_str(text[:60])
             self._bar.update(n)
         else:
-            print(f"[{self._done}/{self._total}] {text}", flush=True)
+            print(f"[{self._done}/{self._total} {time.perf_counter() - self._start:.0f}s] {text}", flush=True)
 
     def write(self, text: str) -> None:
         if self._bar is not None:
@@ -143,6 +145,10 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def _fmt_err(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2g}"
 
 
 def _failure(exc: BaseException) -> str:
@@ -204,7 +210,9 @@ def run_group(group: Group, index: int, args: argparse.Namespace, capability: tu
             launchers[name] = launches
         else:
             rows[name].update(status="check_failed", reason=result.reason)
-        progress.step(f"{shape.label}: {name} {'checked' if result.passed else 'CHECK FAILED'}")
+        verdict = "checked" if result.passed else "CHECK FAILED"
+        progress.step(f"{shape.label}: {name} {verdict} (first call {rows[name]['first_call_s']:.1f} s, "
+                      f"rel err {_fmt_err(result.rel_err)} vs tol {result.tolerance:g})")
     del ref
 
     times, errors = time_interleaved(launchers, rounds=args.rounds, calls_per_round=args.calls_per_round,
