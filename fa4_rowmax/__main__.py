@@ -1,0 +1,200 @@
+"""python -m fa4_rowmax: the main job, the correctness gates (gates.py) and, on a GPU, a short benchmark.
+
+Subjects and what each must give:
+- the semantic reference, Rowmax-H15 at rescale_threshold 0 and 8: every gate PASSES;
+- exact softmax (control): the multi-tile gate PASSES (it bounds any softmax within H15's error) and the
+  single-tile H15 gate FAILS (exact is not H15); a control that passed it would mean the gate sees nothing;
+- on a GPU, the same three through the patched FA4 kernel (`fa4_rowmax.interface.fa4_backend`), then
+  `python -m bench --quick`.
+The single-tile gate always compares against the reference Rowmax-H15 (threshold 0; one tile never meets
+the threshold).
+
+Exit status: 0 when every gate gave what it must; 1 when one did not, or a kernel raised while gated;
+2 for a usage error; 3 when the gates were right but the benchmark failed (or, with --require-kernel,
+the kernel could not be loaded).
+"""
+
+import argparse
+import functools
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.gates import GateReport, format_report, run_gates
+from fa4_rowmax.readback import Backend
+from fa4_rowmax.reference import attention_reference
+
+CPU_SEEDS = (0, 1)
+GPU_SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A backend under the gates and what it must give."""
+
+    label: str
+    backend: Backend
+    is_h15: bool  # False for the exact control: the single-tile H15 gate must fail
+
+    def must_pass(self, report: GateReport) -> bool:
+        return self.is_h15 or report.name != "single-tile"
+
+
+def _reference_backend(mode: str, rescale_threshold: float = 0.0) -> Backend:
+    return functools.partial(
+        attention_reference, config=SoftmaxConfig(mode=mode, rescale_threshold=rescale_threshold)
+    )
+
+
+def _reference_subjects() -> list[Subject]:
+    return [
+        Subject("reference rowmax_h15 threshold 0", _reference_backend("rowmax_h15", 0.0), True),
+        Subject("reference rowmax_h15 threshold 8", _reference_backend("rowmax_h15", 8.0), True),
+        Subject("reference exact (control)", _reference_backend("exact"), False),
+    ]
+
+
+def _kernel_subjects() -> tuple[list[Subject], str | None]:
+    """The FA4 kernel backends, or ``([], why)`` when they cannot be built here."""
+    try:
+        from fa4_rowmax.interface import fa4_backend
+
+        subjects = [
+            Subject("FA4 rowmax_h15 threshold 0", fa4_backend("rowmax_h15", rescale_threshold=0.0), True),
+            Subject("FA4 rowmax_h15 (FA4's default threshold)", fa4_backend("rowmax_h15"), True),
+            Subject("FA4 stock exact (control)", fa4_backend("exact"), False),
+        ]
+    except (ImportError, RuntimeError, AttributeError) as error:
+        return [], f"{type(error).__name__}: {error}"
+    return subjects, None
+
+
+def _finite_or_text(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # 'nan', 'inf', '-inf': JSON has no literal for them
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_text(v) for v in value]
+    return value
+
+
+def _report_json(subject: Subject, report: GateReport, dtype: torch.dtype) -> dict:
+    return {
+        "subject": subject.label,
+        "gate": report.name,
+        "setup": report.setup,
+        "dtype": str(dtype).removeprefix("torch."),
+        "passed": report.passed,
+        "must_pass": subject.must_pass(report),
+        "as_expected": report.passed == subject.must_pass(report),
+        "checks": [{key: _finite_or_text(value) for key, value in asdict(check).items()} for check in report.checks],
+    }
+
+
+def _gate_subject(subject, reference, dtypes, device, seeds, results) -> bool:
+    """Run the suite on one subject, print it, append its JSON rows; False if it raised."""
+    for dtype in dtypes:
+        start = time.perf_counter()
+        try:
+            reports = run_gates(subject.backend, reference, dtype=dtype, device=device, seeds=seeds)
+        except Exception as error:  # a kernel that raises under the gates has failed them
+            print(f"\n{subject.label} [{dtype}]: FAILED TO RUN: {type(error).__name__}: {error}")
+            results.append({"subject": subject.label, "dtype": str(dtype), "error": f"{type(error).__name__}: {error}"})
+            return False
+        title = f"{subject.label}, {str(dtype).removeprefix('torch.')} on {device} ({time.perf_counter() - start:.1f} s)"
+        print()
+        print(format_report(reports, title=title, expect_pass=[subject.must_pass(r) for r in reports]))
+        results.extend(_report_json(subject, r, dtype) for r in reports)
+    return True
+
+
+def _run_bench() -> dict:
+    if importlib.util.find_spec("bench") is None or importlib.util.find_spec("bench.__main__") is None:
+        print("\nbenchmark: skipped (no `bench` module)")
+        return {"ran": False, "why": "no bench module"}
+    command = [sys.executable, "-m", "bench", "--quick"]
+    print(f"\nbenchmark: {' '.join(command)}", flush=True)
+    returncode = subprocess.run(command).returncode
+    print(f"benchmark: exit status {returncode}")
+    return {"ran": True, "command": command, "returncode": returncode}
+
+
+def _resolve_device(parser: argparse.ArgumentParser, device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False here; use --device cpu or auto")
+    return device
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fa4_rowmax", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                        help="where to run: cpu gates the semantic reference; cuda also the FA4 kernel (default auto)")
+    parser.add_argument("--json", metavar="PATH", help="also write every gate and check as JSON here")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                        help=f"gate seeds (default {' '.join(map(str, CPU_SEEDS))} on cpu, "
+                             f"{' '.join(map(str, GPU_SEEDS))} on cuda)")
+    parser.add_argument("--skip-bench", action="store_true", help="do not run `python -m bench --quick` on a GPU")
+    parser.add_argument("--require-kernel", action="store_true",
+                        help="on cuda, exit 3 when the FA4 kernel backend cannot be built")
+    args = parser.parse_args(argv)
+    device = _resolve_device(parser, args.device)
+    seeds = tuple(args.seeds) if args.seeds else (CPU_SEEDS if device == "cpu" else GPU_SEEDS)
+
+    start = time.perf_counter()
+    reference = _reference_backend("rowmax_h15")
+    results: list[dict] = []
+    summary = {"device": device, "torch": torch.__version__, "seeds": list(seeds), "results": results}
+    print(f"fa4_rowmax gates on {device} (torch {torch.__version__}), seeds {list(seeds)}")
+    ran_cleanly = all(
+        _gate_subject(subject, reference, (torch.bfloat16,), device, seeds, results)
+        for subject in _reference_subjects()
+    )
+
+    kernel_missing = False
+    if device == "cuda":
+        kernels, why = _kernel_subjects()
+        summary["kernel"] = "available" if why is None else f"not available: {why}"
+        if why is not None:
+            kernel_missing = True
+            print(f"\nkernel not available: {why}")
+        for subject in kernels:
+            ran_cleanly &= _gate_subject(subject, reference, (torch.bfloat16, torch.float16), device, seeds, results)
+    else:
+        summary["kernel"] = "not tried (cpu)"
+
+    unexpected = [r for r in results if not r.get("as_expected", False)]
+    print()
+    if unexpected or not ran_cleanly:
+        for r in unexpected:
+            if "error" in r:
+                print(f"UNEXPECTED: {r['subject']} [{r['dtype']}] raised {r['error']}")
+            else:
+                verdict = "FAILED" if r["must_pass"] else "PASSED (must fail)"
+                print(f"UNEXPECTED: {r['subject']} {r['gate']} [{r['setup']}] {verdict}")
+    else:
+        print(f"all {len(results)} gates gave what they must ({time.perf_counter() - start:.1f} s)")
+
+    if device == "cuda" and not args.skip_bench:
+        summary["bench"] = _run_bench()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+    if unexpected or not ran_cleanly:
+        return 1
+    if summary.get("bench", {}).get("returncode", 0) != 0 or (kernel_missing and args.require_kernel):
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The gates pass a Rowmax-H15 backend and fail each deliberately wrong one, naming the wrong element.
+
+The backends here are closed-form fp64 attention (whole-row anchor, no tiles), written independently of
+the library's reference so that a bug shared by the two cannot hide; the library's reference backend is
+gated too once `fa4_rowmax.reference` is importable.
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+
+from fa4_rowmax.gates import (
+    H15_ENVELOPE,
+    GateReport,
+    format_report,
+    multi_tile_gate,
+    run_gates,
+    single_tile_gate,
+)
+
+
+def _h15_fp64(y: torch.Tensor, lattice_shift: int = 0) -> torch.Tensor:
+    """H(y) = 2^floor(n/2) * (1 + (n mod 2)/2), n = round_half_even(2y) (+ a wrong shift when asked)."""
+    n = torch.round(2 * y) + lattice_shift
+    return torch.exp2(torch.floor(n / 2)) * (1 + torch.remainder(n, 2) / 2)
+
+
+def _closed_form_attention(q, k, v, causal, *, weights, edit_p=None, score_noise=0.0):
+    """out = P @ V in fp64 with P = weights(x - rowmax) normalised; lse consistent with that P."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_k
+    q64 = q.double().permute(0, 2, 1, 3)
+    k64 = k.double().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    v64 = v.double().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    x = q64 @ k64.transpose(-1, -2) * head_dim**-0.5 * math.log2(math.e)
+    if score_noise:
+        # Stands for a kernel's own fp32 score rounding: same seed every call, so the LSE agrees.
+        generator = torch.Generator().manual_seed(1234)
+        x = x + score_noise * (2 * torch.rand(x.shape, generator=generator, dtype=torch.float64) - 1)
+    if causal:
+        rows = torch.arange(seqlen_q).unsqueeze(1)
+        cols = torch.arange(seqlen_k).unsqueeze(0)
+        x = x.masked_fill(cols > rows + seqlen_k - seqlen_q, -math.inf)
+    m = x.amax(dim=-1, keepdim=True)
+    w = torch.where(x == -math.inf, 0.0, weights(x - m))
+    if edit_p is not None:
+        w = edit_p(w)
+    total = w.sum(dim=-1, keepdim=True)
+    p = torch.where(total > 0, w / total, 0.0)
+    lse = torch.where(total > 0, total.log() + m * math.log(2), -math.inf).squeeze(-1)
+    out = (p @ v64).permute(0, 2, 1, 3).to(q.dtype)
+    return out, lse.to(torch.float32)
+
+
+def h15_backend(q, k, v, causal):
+    return _closed_form_attention(q, k, v, causal, weights=_h15_fp64)
+
+
+def exact_backend(q, k, v, causal):
+    return _closed_form_attention(q, k, v, causal, weights=torch.exp2)
+
+
+def shifted_lattice_backend(q, k, v, causal):
+    return _closed_form_attention(q, k, v, causal, weights=functools.partial(_h15_fp64, lattice_shift=1))
+
+
+def rows_swapped_backend(q, k, v, causal, rows=(10, 20)):
+    out, lse = h15_backend(q, k, v, causal)
+    a, b = rows
+    out[:, [a, b]] = out[:, [b, a]]
+    lse[:, :, [a, b]] = lse[:, :, [b, a]]
+    return out, lse
+
+
+class OneOctaveOffBackend:
+    """H15 with one weight doubled (P renormalised, LSE kept consistent). The key is the row's median
+    weight, so the row-sum change stays small and that element is the worst one."""
+
+    def __init__(self, batch, head, row):
+        self.batch, self.head, self.row = batch, head, row
+        self.col = None
+
+    def _double_one(self, w):
+        row = w[self.batch, self.head, self.row]
+        keys = row.nonzero().squeeze(-1)
+        self.col = int(keys[row[keys].argsort()[len(keys) // 2]])
+        w = w.clone()
+        w[self.batch, self.head, self.row, self.col] *= 2
+        return w
+
+    def __call__(self, q, k, v, causal):
+        return _closed_form_attention(q, k, v, causal, weights=_h15_fp64, edit_p=self._double_one)
+
+
+def _reference_h15_backend(rescale_threshold=0.0):
+    reference = pytest.importorskip("fa4_rowmax.reference")
+    from fa4_rowmax.config import SoftmaxConfig
+
+    config = SoftmaxConfig(mode="rowmax_h15", rescale_threshold=rescale_threshold)
+    return functools.partial(reference.attention_reference, config=config)
+
+
+# --- the gates pass correct backends ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_single_tile_passes_h15(seed, dtype):
+    report = single_tile_gate(h15_backend, h15_backend, dtype=dtype, seed=seed)
+    assert report.passed, str(report)
+    assert report.n_elements == 8256  # the paper's count: causal 128x128
+    assert report.worst == 0.0 or abs(report.worst) <= report.bound[1]
+
+
+def test_multi_tile_passes_h15_and_exact_paper_shape():
+    for backend in (h15_backend, exact_backend):
+        report = multi_tile_gate(backend, causal=True, seqlen_q=512, seqlen_k=512, seed=3)
+        assert report.passed, "\n" + format_report([report])
+        assert report.n_elements == 131_328  # the paper's count: causal 512x512, one head
+
+
+def test_h15_fills_the_envelope():
+    # The LSE view of a correct H15 must reach close to both envelope edges on 131k elements; otherwise
+    # the gate is measuring something else.
+    report = multi_tile_gate(h15_backend, causal=True, seqlen_q=512, seqlen_k=512, seed=4, dtype=torch.float32)
+    lse_view = next(c for c in report.checks if c.name == "log2(w_hat/w) via LSE")
+    assert lse_view.passed
+    assert lse_view.worst == pytest.approx(H15_ENVELOPE[1], abs=0.01) or lse_view.worst == pytest.approx(
+        H15_ENVELOPE[0], abs=0.01
+    )
+
+
+@pytest.mark.parametrize(
+    "causal, seqlen_q, seqlen_k, heads_q, heads_k",
+    [(False, 300, 509, 4, 2), (True, 509, 300, 2, 1), (True, 300, 509, 3, 1)],
+)
+def test_multi_tile_odd_shapes_gqa_fully_masked(causal, seqlen_q, seqlen_k, heads_q, heads_k):
+    report = multi_tile_gate(
+        h15_backend, causal=causal, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_k=heads_k,
+        batch=2, seed=5, dtype=torch.float16,
+    )
+    assert report.passed, "\n" + format_report([report])
+    names = [c.name for c in report.checks]
+    assert ("fully masked rows: lse = -inf" in names) == (causal and seqlen_q > seqlen_k)
+
+
+def test_fp16_underflow_is_counted_not_failed():
+    # Wide scores: many weights fall below fp16's normal range (2^-14) and read as 0 or subnormal.
+    report = multi_tile_gate(h15_backend, causal=False, seqlen_q=128, seqlen_k=256, dtype=torch.float16, q_std=8.0)
+    assert report.passed, "\n" + format_report([report])
+    note = report.checks[0].note
+    assert int(note.rsplit(":", 1)[1]) > 100, note
+
+
+# --- the gates fail wrong backends, and say where -------------------------------------------------
+
+
+def test_lattice_tie_within_score_rounding_is_accepted():
+    # Score errors of 1.5e-4 octave (inside the derived fp32 bound, ~2.5e-4 per score here) flip a few
+    # elements sitting on a lattice boundary by one step: a correct kernel, so the gate passes and counts
+    # the flips.
+    noisy = functools.partial(_closed_form_attention, weights=_h15_fp64, score_noise=1.5e-4)
+    flips = 0
+    for seed in range(4):
+        report = single_tile_gate(noisy, h15_backend, seed=seed)
+        assert report.passed, str(report)
+        assert report.n_elements == 8256
+        flips += int(report.checks[0].note.split("lattice ties flipped: ")[1].split(";")[0])
+    assert flips > 0
+
+
+def test_lattice_flip_outside_rounding_fails():
+    # Score errors of 0.02 octave are far beyond fp32 rounding: the flips they cause are wrong.
+    noisy = functools.partial(_closed_form_attention, weights=_h15_fp64, score_noise=0.02)
+    report = single_tile_gate(noisy, h15_backend, seed=0)
+    assert not report.passed
+    assert abs(report.worst) > 0.3
+
+
+def test_exact_presented_as_h15_fails_single_tile_only():
+    single = single_tile_gate(exact_backend, h15_backend, seed=0)
+    assert not single.passed
+    assert 0.05 < abs(single.worst) <= math.log2(1.5) + 1e-6  # exact vs H15: within one H15 ratio bound
+    multi = multi_tile_gate(exact_backend, causal=True, seqlen_q=512, seqlen_k=512)
+    assert multi.passed
+
+
+def test_shifted_lattice_fails_both():
+    single = single_tile_gate(shifted_lattice_backend, h15_backend, seed=1)
+    assert not single.passed
+    assert abs(single.worst) == pytest.approx(math.log2(1.5), abs=0.05) or abs(single.worst) == pytest.approx(
+        math.log2(4 / 3), abs=0.05
+    ) or abs(single.worst) > 0.3
+    multi = multi_tile_gate(shifted_lattice_backend, causal=True, seqlen_q=512, seqlen_k=512)
+    assert not multi.passed
+    assert multi.deciding.name == "log2(w_hat/w) via LSE"
+    assert multi.worst > H15_ENVELOPE[1]
+
+
+def test_swapped_rows_fail_and_are_located():
+    single = single_tile_gate(rows_swapped_backend, h15_backend)
+    assert not single.passed
+    assert single.where[2] in (10, 20)
+    multi = multi_tile_gate(rows_swapped_backend, causal=False, seqlen_q=300, seqlen_k=509, heads_q=2, heads_k=1)
+    assert not multi.passed
+    assert multi.where[2] in (10, 20)
+
+
+def test_one_element_one_octave_off_is_named():
+    backend = OneOctaveOffBackend(batch=0, head=0, row=77)
+    single = single_tile_gate(backend, h15_backend, seed=2)
+    assert not single.passed
+    assert single.where == (0, 0, 77, backend.col)
+    assert single.worst == pytest.approx(1.0, abs=0.1)
+
+    backend = OneOctaveOffBackend(batch=1, head=3, row=300)
+    multi = multi_tile_gate(backend, causal=True, seqlen_q=509, seqlen_k=509, batch=2, heads_q=4, heads_k=2)
+    assert not multi.passed
+    assert multi.where == (1, 3, 300, backend.col)
+    assert str(multi).startswith("FAIL multi-tile")
+    assert "(1, 3, 300, " in str(multi)
+
+
+def test_masked_element_written_is_caught():
+    def leaks_past_the_mask(q, k, v, causal):
+        out, lse = h15_backend(q, k, v, False)  # ignores causal: P nonzero above the diagonal
+        return out, lse
+
+    report = single_tile_gate(leaks_past_the_mask, h15_backend)
+    assert not report.passed
+    failing = [c for c in report.checks if not c.passed]
+    assert any(c.name == "masked P = 0" for c in failing)
+
+
+def test_nan_output_fails():
+    def nan_in_one_element(q, k, v, causal):
+        out, lse = h15_backend(q, k, v, causal)
+        out[0, 5, 0, 2] = math.nan
+        return out, lse
+
+    report = single_tile_gate(nan_in_one_element, h15_backend)
+    assert not report.passed
+    assert report.where[:3] == (0, 0, 5)
+
+
+# --- the library's reference and the suite ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("rescale_threshold", [0.0, 8.0])
+def test_reference_h15_passes(rescale_threshold):
+    reference = _reference_h15_backend(rescale_threshold)
+    single = single_tile_gate(reference, h15_backend, seed=7)
+    assert single.passed, str(single)
+    multi = multi_tile_gate(reference, causal=True, seqlen_q=509, seqlen_k=509, heads_q=2, heads_k=1, seed=7)
+    assert multi.passed, "\n" + format_report([multi])
+
+
+def test_run_gates_and_format_report():
+    reports = run_gates(exact_backend, h15_backend, seeds=(0,))
+    assert all(isinstance(r, GateReport) for r in reports)
+    single = [r for r in reports if r.name == "single-tile"]
+    multi = [r for r in reports if r.name == "multi-tile"]
+    assert single and not any(r.passed for r in single)
+    assert multi and all(r.passed for r in multi)
+    assert {"causal", "non-causal"} <= {r.setup.split()[1] for r in multi}
+    text = format_report(reports, title="exact control", expect_pass=[r.name != "single-tile" for r in reports])
+    assert "FAIL (expected)" in text and "UNEXPECTED" not in text
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(TypeError, match="dtype"):
+        single_tile_gate(h15_backend, h15_backend, dtype="bf16")
+    with pytest.raises(ValueError, match="heads_q"):
+        multi_tile_gate(h15_backend, causal=True, seqlen_q=64, seqlen_k=64, heads_q=3, heads_k=2)
+    with pytest.raises(TypeError, match="causal"):
+        multi_tile_gate(h15_backend, causal=1, seqlen_q=64, seqlen_k=64)
+    with pytest.raises(ValueError, match="seqlen_k"):
+        multi_tile_gate(h15_backend, causal=True, seqlen_q=64, seqlen_k=0)
+    with pytest.raises(TypeError, match="backend"):
+        single_tile_gate(None, h15_backend)
