@@ -23,6 +23,12 @@ def _kernel_options(softmax_scale, mx_format, exact, recovery_threshold) -> dict
     return options
 
 
+def _contiguous_outputs(out: torch.Tensor, lse: torch.Tensor):
+    # The fake implementations promise contiguous outputs (compiled graphs are planned on their strides);
+    # free when the kernel already writes them contiguously.
+    return out.contiguous(), lse.contiguous()
+
+
 def _check_rank(name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
     if tensor.dim() != rank:
         raise ValueError(f"{name} must be a {rank}-D tensor {layout}, got shape {tuple(tensor.shape)}")
@@ -45,7 +51,7 @@ def fwd(
 
     options = _kernel_options(softmax_scale, mx_format, exact, recovery_threshold)
     out, lse = attention.fused_softmax_attention(q, k, v, causal=causal, **options)
-    return out, lse
+    return _contiguous_outputs(out, lse)
 
 
 @fwd.register_fake
@@ -90,7 +96,7 @@ def fwd_varlen(
         causal=causal,
         **options,
     )
-    return out, lse
+    return _contiguous_outputs(out, lse)
 
 
 @fwd_varlen.register_fake

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from aiter_fused import ops
-from fa4_rowmax.config import MX_FORMATS
+from fa4_rowmax.fused_softmax import check_mx_format
 
 __all__ = [
     "DISABLE_ENV",
@@ -120,8 +120,7 @@ class FusedFormat:
     exact: bool = False
 
     def __post_init__(self):
-        if self.mx_format not in MX_FORMATS:
-            raise ValueError(f"mx_format={self.mx_format!r}: accepted values are {list(MX_FORMATS)}")
+        check_mx_format(self.mx_format)
         if not isinstance(self.exact, bool):
             raise TypeError(f"exact must be a bool, got {type(self.exact).__name__}")
 
@@ -134,8 +133,10 @@ _scoped_format: contextvars.ContextVar[Optional[FusedFormat]] = contextvars.Cont
 
 def _format_from_env() -> FusedFormat:
     mx_format = os.environ.get(FORMAT_ENV, "").strip() or FusedFormat.mx_format
-    if mx_format not in MX_FORMATS:
-        raise ValueError(f"environment variable {FORMAT_ENV}={mx_format!r}: accepted values are {list(MX_FORMATS)}")
+    try:
+        check_mx_format(mx_format)
+    except ValueError as error:
+        raise ValueError(f"environment variable {FORMAT_ENV}: {error}") from None
     return FusedFormat(mx_format, env_flag(EXACT_ENV))
 
 
