@@ -15,6 +15,7 @@ import torch
 
 SOFTMAX_MODES = ("exact", "rowmax_pot", "rowmax_h15", "baps", "fused_softmax")
 MX_FORMATS = ("mxfp8", "mxfp6", "mxfp4")
+MX_BLOCK = 32
 ANCHORS = ("tile", "row")
 # Modes whose max is FA4's running max, so that a whole-row anchor is a meaningful control.
 ANCHORED_MODES = ("exact", "rowmax_pot", "rowmax_h15")
@@ -28,6 +29,7 @@ P_DTYPES = (
 )
 # HiF8 holds 2**15 at most, and BAPS weights reach 2**lambda.
 BAPS_LAMBDA_MAX = 15
+RECOVERY_THRESHOLD_LIMIT = 126.0
 # 2**-126 is fp32's smallest normal: a larger clamp would flush the clamped weights.
 POT_K_MAX_LIMIT = 126
 
@@ -92,4 +94,15 @@ class SoftmaxConfig:
         _check_int("baps_lambda", self.baps_lambda, 0, BAPS_LAMBDA_MAX)
         _check_int("baps_critical_tiles", self.baps_critical_tiles, 0)
         _check_choice("mx_format", self.mx_format, MX_FORMATS)
-        _check_real("recovery_threshold", self.recovery_threshold, 0.0)
+        # P = 2**(x - m) with x - m up to the threshold must stay below BF16's infinity.
+        _check_real("recovery_threshold", self.recovery_threshold, 0.0, RECOVERY_THRESHOLD_LIMIT)
+        if self.mode == "fused_softmax" and self.tile_n % MX_BLOCK:
+            raise ValueError(
+                f"SoftmaxConfig.tile_n must be a multiple of {MX_BLOCK} for mode 'fused_softmax' "
+                f"(P's MX blocks must not straddle tiles), got {self.tile_n}"
+            )
+        if self.mode == "fused_softmax" and self.p_dtype is not None:
+            raise ValueError(
+                "SoftmaxConfig.p_dtype must be None for mode 'fused_softmax' (P takes the MX format "
+                f"mx_format selects), got {self.p_dtype!r}"
+            )

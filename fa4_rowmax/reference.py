@@ -1,0 +1,573 @@
+"""Semantic reference for attention with an approximate softmax: what a kernel must compute.
+
+`attention_reference` runs the tiled online softmax the kernels run, KV tile by KV tile,
+with each mode's rules for the running max, the weights P and the row sum (docs/design.md,
+"Mode semantics"). It is pure torch, one code path for CPU and CUDA tensors, vectorised
+over batch, heads and query rows; the only Python loop is over KV tiles.
+
+Note [Tile order]
+~~~~~~~~~~~~~~~~~
+KV tiles start at multiples of `tile_n` from each sequence's first key. FA4 (SM90 and SM100)
+walks them from the last to the first (`n_block = n_block_max - 1 - i`), so the modes that
+model FA4 (`exact`, `rowmax_h15`, `rowmax_pot`) do the same: under causal masking the first
+tile a row sees is its diagonal tile, which matters for the stale max and the H15 lattice.
+BAPS takes its critical tiles B0 from the start of the sequence and Fused-Softmax freezes the
+max of the first tile; both walk the tiles first to last. A tile in which a row has no key
+leaves that row's state untouched, whatever the order.
+
+Note [FA4 running max and rescale_threshold]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Reproduces `SoftmaxSm100.update_row_max` of flash-attn-4 4.0.0b36. The max `m` is kept in
+score units (before `scale_log2`). Per tile: `m_new = max(m_old, rowmax(s))`,
+`m_safe = m_new` (0 when -inf), `acc_scale_ = (m_old - m_safe) * scale_log2`; when
+`rescale_threshold > 0` and `acc_scale_ >= -rescale_threshold` the old max stays and
+nothing is rescaled, otherwise O and the row sum are scaled by `exp2(acc_scale_)` (0 on the
+first tile with a key, where `m_old = -inf`). The weights use
+`y = s * scale_log2 + (max_offset - m * scale_log2)` (the kernel's FFMA), so with a stale
+max y reaches `max_offset + rescale_threshold`. The LSE is
+`(m * scale_log2 + log2(row_sum) - max_offset) * ln 2` with the max actually used.
+
+Note [Weights per mode]
+~~~~~~~~~~~~~~~~~~~~~~~
+- `exact`: `P = exp2(y)`.
+- `rowmax_h15`: `P = h15_bits(y)` (`exp_approx`): H on the lattice anchored at the max;
+  the -127 clamp makes masked scores give exactly 0.
+- `rowmax_pot`: `P = 2**max_offset * pot(y - max_offset, pot_k_max)`: `K_max` counts octaves
+  below the max; masked elements are set to 0 (the clamp alone would give 2**-K_max).
+With `anchor="row"` a first pass finds each row's max over all its keys and every tile uses
+it (no rescale ever): the control that separates the lattice anchor from the tile schedule.
+P is rounded to `p_dtype` (FP8 saturating, as `cvt.rn.satfinite` does) only for P@V; the
+row sum adds the float P before that rounding.
+
+Note [BAPS]
+~~~~~~~~~~~
+Log2 units `x = s * scale_log2`. The approximate max is `m = ceil(max x)` over the first
+`baps_critical_tiles` tiles (B0). Each tile is a block of `tile_m` query rows by `tile_n`
+keys (row blocks start at each sequence's first query). A block restarts when any of its
+rows has `rowmax(x) - m > baps_lambda`; a restarted block is recomputed in high precision:
+each of its rows moves its max to `max(m, ceil(rowmax(x)))`, O and the row sum are scaled by
+the exact power of two `2**(m_old - m_new)`, and `P = exp2(x - m)` in fp32. Otherwise
+`T = hif8(x - m)` and `P = hif8(exp2(T))` (`hif8.round_to_hif8`). The row sum adds the P
+that enters P@V (before `p_dtype` rounding, which is exact for HiF8 values in 16-bit types).
+Counters: `baps_blocks` = blocks with at least one unmasked element outside B0;
+`restarts` = restarted blocks; `arr` = restarts / baps_blocks; `prr` = the largest
+restarts / blocks of any one (batch, head, row block), i.e. one output O_i (0.0 when no
+block follows B0).
+
+Note [Fused-Softmax]
+~~~~~~~~~~~~~~~~~~~~
+Built from `fused_softmax.py`: operands through `quantize_operands`, the frozen max and
+its recovery from `frozen_max_step`, `P = quantize_p(schraudolph_bf16(x - m))` in MX blocks
+of 32 keys, the row sum from that same quantized P. `recoveries` counts (row, tile) pairs.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from fa4_rowmax import fused_softmax
+from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.exp_approx import h15_bits, pot
+from fa4_rowmax.hif8 import round_to_hif8
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_LN2 = math.log(2.0)
+_LOG2_E = math.log2(math.e)
+
+
+@dataclass
+class _Problem:
+    """Inputs laid out for the tile loop, padded to a dense batch."""
+
+    q: torch.Tensor  # (batch, heads_k, group, rows, head_dim), compute dtype
+    k: torch.Tensor  # (batch, heads_k, keys, head_dim)
+    v: torch.Tensor  # (batch, heads_k, keys, head_dim)
+    seqlen_q: list  # per batch entry
+    seqlen_k: list
+    seqlen_q_t: torch.Tensor  # (batch,) int64 on the device
+    seqlen_k_t: torch.Tensor
+    causal: bool
+    scale_log2: float
+
+    @property
+    def shape(self):
+        return self.q.shape[:4]
+
+
+@dataclass
+class _Tile:
+    index: int
+    key_start: int
+    key_end: int
+    row_start: int
+    # (batch, 1, 1, rows, keys) bool, or None when every (row, key) of the tile is valid.
+    valid: Optional[torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------------------
+
+
+def _check_tensor(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name} must have one of the dtypes {INPUT_DTYPES}, got {x.dtype}")
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> list:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {cu.device}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    bounds = cu.tolist()
+    if bounds[0] != 0 or bounds[-1] != total or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        raise ValueError(
+            f"{name} must start at 0, never decrease and end at the token count {total}, got {bounds}"
+        )
+    return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both be None")
+    rank = 3 if varlen else 4
+    layout = "(total, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != rank:
+            raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(x.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+    head_dim = q.shape[-1]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim} (q.shape[-1])")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k's head_dim must equal q's ({head_dim}), got {k.shape[-1]}")
+    heads_q, heads_k = q.shape[-2], k.shape[-2]
+    if heads_k == 0 or heads_q % heads_k:
+        raise ValueError(f"q's heads ({heads_q}) must be a positive multiple of k's heads ({heads_k}) (GQA)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} holds NaN or Inf; the reference accepts finite inputs only")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be None or a positive float, got {type(softmax_scale).__name__}")
+        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+            raise ValueError(f"softmax_scale must be None or a positive finite float, got {softmax_scale}")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+    if varlen:
+        seqlen_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+        seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+        if len(seqlen_q) != len(seqlen_k):
+            raise ValueError(
+                f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+                f"got {len(seqlen_q) + 1} and {len(seqlen_k) + 1}"
+            )
+        return seqlen_q, seqlen_k
+    return [q.shape[1]] * q.shape[0], [k.shape[1]] * k.shape[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------------------
+
+
+def _to_padded(x: torch.Tensor, cu_seqlens: torch.Tensor, seqlens: list) -> torch.Tensor:
+    """(total, heads, dim) -> (batch, max_seqlen, heads, dim) with zeros after each sequence."""
+    batch, longest = len(seqlens), max(seqlens)
+    padded = x.new_zeros(batch, longest, *x.shape[1:])
+    sequence, position = _token_positions(cu_seqlens, x.shape[0])
+    padded[sequence, position] = x
+    return padded
+
+
+def _token_positions(cu_seqlens: torch.Tensor, total: int):
+    """For every packed token, its sequence and its position within it."""
+    token = torch.arange(total, device=cu_seqlens.device)
+    starts = cu_seqlens.long()
+    sequence = torch.searchsorted(starts[1:], token, right=True)
+    return sequence, token - starts[sequence]
+
+
+def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple) -> _Problem:
+    """Dense (batch, seqlen, heads, dim) inputs -> the tile loop's layout, rows padded to `row_multiple`."""
+    batch, rows, heads_q, head_dim = q.shape
+    heads_k = k.shape[2]
+    group = heads_q // heads_k
+    padded_rows = -(-rows // row_multiple) * row_multiple
+    q5 = q.to(compute_dtype).reshape(batch, rows, heads_k, group, head_dim).permute(0, 2, 3, 1, 4)
+    if padded_rows != rows:
+        q5 = torch.nn.functional.pad(q5, (0, 0, 0, padded_rows - rows))
+    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    device = q.device
+    return _Problem(
+        q=q5.contiguous(),
+        k=k.to(compute_dtype).transpose(1, 2).contiguous(),
+        v=v.to(compute_dtype).transpose(1, 2).contiguous(),
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        seqlen_q_t=torch.tensor(seqlen_q, dtype=torch.int64, device=device),
+        seqlen_k_t=torch.tensor(seqlen_k, dtype=torch.int64, device=device),
+        causal=causal,
+        scale_log2=scale * _LOG2_E,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Tiles
+# ---------------------------------------------------------------------------------------
+
+
+def _tiles(problem: _Problem, tile_n: int, descending: bool, row_multiple: int = 1):
+    """The KV tiles in processing order, each with the first row that can see it and its mask."""
+    batch, _, _, rows = problem.shape
+    longest_k = max(problem.seqlen_k, default=0)
+    n_tiles = -(-longest_k // tile_n)
+    order = range(n_tiles - 1, -1, -1) if descending else range(n_tiles)
+    # Causal: row i of entry b sees keys j <= i + seqlen_k[b] - seqlen_q[b] (bottom-right).
+    diagonal_offsets = [sk - sq for sq, sk in zip(problem.seqlen_q, problem.seqlen_k)]
+    device = problem.q.device
+    for index in order:
+        key_start, key_end = index * tile_n, min((index + 1) * tile_n, longest_k)
+        row_start = max(0, min(key_start - off for off in diagonal_offsets)) if problem.causal else 0
+        row_start = row_start // row_multiple * row_multiple
+        if row_start >= rows:
+            continue
+        row = torch.arange(row_start, rows, device=device)
+        key = torch.arange(key_start, key_end, device=device)
+        valid = (row[None, :, None] < problem.seqlen_q_t[:, None, None]) & (
+            key[None, None, :] < problem.seqlen_k_t[:, None, None]
+        )
+        if problem.causal:
+            offsets = (problem.seqlen_k_t - problem.seqlen_q_t)[:, None, None]
+            valid = valid & (key[None, None, :] <= row[None, :, None] + offsets)
+        valid = None if bool(valid.all()) else valid[:, None, None]
+        yield _Tile(index, key_start, key_end, row_start, valid)
+
+
+def _scores(problem: _Problem, tile: _Tile) -> torch.Tensor:
+    """Raw scores q k^T of one tile, (batch, heads_k, group, rows, keys), masked ones -inf."""
+    batch, heads_k, group, rows = problem.shape
+    q = problem.q[:, :, :, tile.row_start :]
+    q = q.reshape(batch, heads_k, group * (rows - tile.row_start), q.shape[-1])
+    k = problem.k[:, :, tile.key_start : tile.key_end]
+    s = torch.matmul(q, k.transpose(-1, -2)).view(batch, heads_k, group, rows - tile.row_start, -1)
+    if tile.valid is not None:
+        s.masked_fill_(~tile.valid, -math.inf)
+    return s
+
+
+def _accumulate_pv(problem: _Problem, tile: _Tile, p: torch.Tensor, acc: torch.Tensor, acc_scale: torch.Tensor):
+    """acc[rows] = acc[rows] * acc_scale + p @ v_tile, in place."""
+    batch, heads_k, group, rows_in_tile, keys = p.shape
+    v = problem.v[:, :, tile.key_start : tile.key_end]
+    pv = torch.matmul(p.reshape(batch, heads_k, group * rows_in_tile, keys), v)
+    target = acc[:, :, :, tile.row_start :]
+    target.mul_(acc_scale[..., None]).add_(pv.view(batch, heads_k, group, rows_in_tile, -1))
+
+
+def _round_p(p: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
+    """P as the P@V GEMM sees it: rounded to p_dtype (FP8 saturating), back in p's dtype."""
+    if p_dtype == p.dtype:
+        return p
+    if p_dtype in _FP8_DTYPES:
+        p = p.clamp(max=torch.finfo(p_dtype).max)
+    return p.to(p_dtype).to(p.dtype)
+
+
+def _rows_with_keys(tile: _Tile, heads_q: int, scores: torch.Tensor):
+    """Number of (row, head) pairs that have at least one key in the tile."""
+    if tile.valid is None:
+        return scores[..., 0].numel()
+    return tile.valid.any(-1).sum() * heads_q
+
+
+# ---------------------------------------------------------------------------------------
+# Modes
+# ---------------------------------------------------------------------------------------
+
+
+def _fa4_weights(y: torch.Tensor, tile: _Tile, config: SoftmaxConfig) -> torch.Tensor:
+    """P from y = x - m + max_offset, in place where the mode allows (Note [Weights per mode])."""
+    if config.mode == "exact":
+        return y.exp2_()
+    if config.mode == "rowmax_h15":
+        return h15_bits(y.float()).to(y.dtype)
+    offset = config.max_offset
+    p = pot((y - offset).float(), config.pot_k_max).to(y.dtype)
+    if offset:
+        p.mul_(2.0**offset)
+    if tile.valid is not None:
+        p.masked_fill_(~tile.valid, 0.0)
+    return p
+
+
+def _whole_row_max(problem: _Problem, config: SoftmaxConfig) -> torch.Tensor:
+    row_max = problem.q.new_full(problem.shape, -math.inf)
+    for tile in _tiles(problem, config.tile_n, descending=True):
+        s = _scores(problem, tile)
+        target = row_max[:, :, :, tile.row_start :]
+        torch.maximum(target, s.amax(-1), out=target)
+    return row_max
+
+
+def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, counting: bool):
+    """exact / rowmax_h15 / rowmax_pot (Notes [FA4 running max and rescale_threshold], [Weights per mode])."""
+    batch, heads_k, group, rows = problem.shape
+    heads_q = heads_k * group
+    dtype = problem.q.dtype
+    row_anchor = config.anchor == "row"
+    row_max = _whole_row_max(problem, config) if row_anchor else problem.q.new_full(problem.shape, -math.inf)
+    row_sum = problem.q.new_zeros(problem.shape)
+    acc = problem.q.new_zeros(*problem.shape, problem.v.shape[-1])
+    scale_log2 = problem.scale_log2
+    threshold = config.rescale_threshold
+    counters = _new_counters(problem.q.device)
+    for tile in _tiles(problem, config.tile_n, descending=True):
+        s = _scores(problem, tile)
+        m_old = row_max[:, :, :, tile.row_start :]
+        if row_anchor:
+            m_new = m_old
+            m_safe = torch.where(m_old == -math.inf, 0.0, m_old)
+            acc_scale = torch.ones_like(m_old)
+        else:
+            m_new = torch.maximum(m_old, s.amax(-1))
+            m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
+            acc_scale_log2 = (m_old - m_safe) * scale_log2
+            moved = m_new > m_old
+            if threshold > 0.0:
+                # FA4 compares the scaled difference with -rescale_threshold (>=: keep the max).
+                keep = acc_scale_log2 >= -threshold
+                m_new = torch.where(keep, m_old, m_new)
+                m_safe = torch.where(keep, m_old, m_safe)
+                acc_scale = torch.where(keep, 1.0, torch.exp2(acc_scale_log2))
+            else:
+                keep = torch.zeros_like(moved)
+                acc_scale = torch.exp2(acc_scale_log2)
+            if counting:
+                counters["rescales"] += (moved & ~keep & (m_old > -math.inf)).sum()
+                counters["rescales_skipped"] += (moved & keep).sum()
+            m_old.copy_(m_new)
+        bias = (config.max_offset - m_safe * scale_log2).to(dtype)
+        p = _fa4_weights(s.mul_(scale_log2).add_(bias[..., None]), tile, config)
+        sums = row_sum[:, :, :, tile.row_start :]
+        sums.mul_(acc_scale).add_(p.sum(-1))
+        if counting:
+            counters["tiles"] += _rows_with_keys(tile, heads_q, s)
+            counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
+        _accumulate_pv(problem, tile, _round_p(p, p_dtype), acc, acc_scale)
+    lse_base_log2 = row_max * scale_log2 - config.max_offset
+    return acc, row_sum, lse_base_log2, counters
+
+
+def _run_baps(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, counting: bool):
+    """Block-aware precision rescaling (Note [BAPS])."""
+    batch, heads_k, group, rows = problem.shape
+    heads_q = heads_k * group
+    tile_m = config.tile_m
+    blocks = rows // tile_m
+    lam = float(config.baps_lambda)
+    scale_log2 = problem.scale_log2
+    # The approximate max: integer, from the critical tiles B0.
+    row_max = problem.q.new_full(problem.shape, -math.inf)
+    for tile in _tiles(problem, config.tile_n, descending=False, row_multiple=tile_m):
+        if tile.index >= config.baps_critical_tiles:
+            break
+        target = row_max[:, :, :, tile.row_start :]
+        torch.maximum(target, _scores(problem, tile).amax(-1) * scale_log2, out=target)
+    row_max = torch.ceil(row_max)
+    row_sum = problem.q.new_zeros(problem.shape)
+    acc = problem.q.new_zeros(*problem.shape, problem.v.shape[-1])
+    counters = _new_counters(problem.q.device)
+    block_restarts = torch.zeros(batch, heads_k, group, blocks, dtype=torch.int64, device=problem.q.device)
+    block_tiles = torch.zeros_like(block_restarts)
+    for tile in _tiles(problem, config.tile_n, descending=False, row_multiple=tile_m):
+        x = _scores(problem, tile).mul_(scale_log2)
+        m_old = row_max[:, :, :, tile.row_start :]
+        tile_max = x.amax(-1)
+        # rowmax(x - m) > lambda; a row without a max yet restarts as soon as it sees a key.
+        over = torch.where(m_old == -math.inf, tile_max > -math.inf, (tile_max - m_old) > lam)
+        first_block = tile.row_start // tile_m
+        block_shape = (batch, heads_k, group, blocks - first_block, tile_m)
+        restart_block = over.view(block_shape).any(-1)
+        restart_row = restart_block[..., None].expand(block_shape).reshape(over.shape)
+        m_new = torch.where(restart_row, torch.maximum(m_old, torch.ceil(tile_max)), m_old)
+        acc_scale = torch.where(m_new > m_old, torch.exp2(m_old - m_new), 1.0)
+        m_old.copy_(m_new)
+        t = x - torch.where(m_new == -math.inf, 0.0, m_new)[..., None]
+        p = round_to_hif8(torch.exp2(round_to_hif8(t)))
+        if bool(restart_row.any()):
+            p = torch.where(restart_row[..., None], torch.exp2(t), p)
+        sums = row_sum[:, :, :, tile.row_start :]
+        sums.mul_(acc_scale).add_(p.sum(-1))
+        if counting:
+            counters["tiles"] += _rows_with_keys(tile, heads_q, x)
+            counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
+            if tile.index >= config.baps_critical_tiles:
+                if tile.valid is None:
+                    block_valid = torch.ones_like(restart_block)
+                else:
+                    rows_valid = tile.valid.any(-1).expand(over.shape)
+                    block_valid = rows_valid.reshape(block_shape).any(-1)
+                block_tiles[:, :, :, first_block:] += block_valid
+                block_restarts[:, :, :, first_block:] += restart_block & block_valid
+        _accumulate_pv(problem, tile, _round_p(p, p_dtype), acc, acc_scale)
+    if counting:
+        counters["restarts"] = block_restarts.sum()
+        counters["baps_blocks"] = block_tiles.sum()
+        followed = block_tiles > 0
+        counters["arr"] = counters["restarts"] / counters["baps_blocks"].clamp(min=1)
+        share = block_restarts[followed].double() / block_tiles[followed].double()
+        counters["prr"] = share.max() if share.numel() else torch.zeros((), dtype=torch.float64)
+    return acc, row_sum, row_max, counters
+
+
+def _run_fused_softmax(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, counting: bool):
+    """Frozen max, Schraudolph BF16 P, MX-quantized P and row sum (Note [Fused-Softmax]).
+
+    The operands arrive already MX-quantized; `p_dtype` does not apply (P's format is the MX one).
+    """
+    heads_q = problem.shape[1] * problem.shape[2]
+    scale_log2 = problem.scale_log2
+    frozen = problem.q.new_full(problem.shape, -math.inf)
+    row_sum = problem.q.new_zeros(problem.shape)
+    acc = problem.q.new_zeros(*problem.shape, problem.v.shape[-1])
+    counters = _new_counters(problem.q.device)
+    for tile in _tiles(problem, config.tile_n, descending=False):
+        x = _scores(problem, tile).mul_(scale_log2)
+        m_old = frozen[:, :, :, tile.row_start :]
+        m_new, acc_scale, recovered = fused_softmax.frozen_max_step(m_old, x.amax(-1), config.recovery_threshold)
+        m_old.copy_(m_new)
+        p = fused_softmax.schraudolph_bf16((x - m_new[..., None]).float())
+        # -inf - -inf is NaN for rows with no max yet: every masked score gives 0.
+        p = p.float().masked_fill_(x == -math.inf, 0.0)
+        p = fused_softmax.quantize_p(p, config.mx_format).to(x.dtype)
+        sums = row_sum[:, :, :, tile.row_start :]
+        sums.mul_(acc_scale).add_(p.sum(-1))
+        if counting:
+            counters["tiles"] += _rows_with_keys(tile, heads_q, x)
+            counters["recoveries"] += recovered.sum()
+            counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
+        _accumulate_pv(problem, tile, p, acc, acc_scale)
+    return acc, row_sum, frozen, counters
+
+
+def _new_counters(device: torch.device) -> dict:
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    return {
+        "tiles": zero.clone(),
+        "rescales": zero.clone(),
+        "rescales_skipped": zero.clone(),
+        "restarts": zero.clone(),
+        "recoveries": zero.clone(),
+        "p_max": torch.zeros((), dtype=torch.float64, device=device),
+    }
+
+
+_RUNNERS = {
+    "exact": _run_fa4,
+    "rowmax_h15": _run_fa4,
+    "rowmax_pot": _run_fa4,
+    "baps": _run_baps,
+    "fused_softmax": _run_fused_softmax,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    config: Optional[SoftmaxConfig] = None,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    compute_dtype: torch.dtype = torch.float32,
+    return_counters: bool = False,
+):
+    """Attention with the softmax of `config.mode`, as the kernels compute it tile by tile.
+
+    Layouts are FlashAttention's (docs/design.md, Conventions): dense q (batch, seqlen_q,
+    heads_q, head_dim), k/v (batch, seqlen_k, heads_k, head_dim); varlen q (total_q, heads_q,
+    head_dim), k/v (total_k, heads_k, head_dim) with int32 `cu_seqlens_q`/`cu_seqlens_k`.
+    Causal masks are aligned bottom-right. Scores, the running state and P are held in
+    `compute_dtype` (float32 like the kernels, or float64 for an exact control); P is
+    rounded to `config.p_dtype` (default: q's dtype, float32 for float32/float64 inputs)
+    before P@V.
+
+    Returns `(out, lse)`: out in q's shape and dtype, lse float32 natural log, (batch,
+    heads_q, seqlen_q) (varlen: (heads_q, total_q)); a row with no key gives out 0 and lse
+    -inf. With `return_counters=True` also a dict of Python numbers: `tiles` ((row, head, KV
+    tile) triples with a key), `rescales`, `rescales_skipped` (FA4 max moved / kept stale),
+    `restarts` (BAPS blocks), `recoveries` (fused softmax), `p_max` (largest P fed to P@V,
+    before p_dtype rounding), and for BAPS `baps_blocks`, `arr`, `prr` (Note [BAPS]).
+    """
+    if config is None:
+        config = SoftmaxConfig()
+    if not isinstance(config, SoftmaxConfig):
+        raise TypeError(f"config must be a SoftmaxConfig or None, got {type(config).__name__}")
+    if not isinstance(return_counters, bool):
+        raise TypeError(f"return_counters must be a bool, got {type(return_counters).__name__}")
+    seqlen_q, seqlen_k = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config)
+    varlen = cu_seqlens_q is not None
+    p_dtype = config.p_dtype
+    if p_dtype is None:
+        p_dtype = torch.float32 if q.dtype in (torch.float32, torch.float64) else q.dtype
+    dense_q, dense_k, dense_v = q, k, v
+    if config.mode == "fused_softmax":
+        dense_q, dense_k, dense_v = fused_softmax.quantize_operands(q, k, v, config.mx_format, cu_seqlens_k)
+    if varlen:
+        dense_q = _to_padded(dense_q, cu_seqlens_q, seqlen_q)
+        dense_k = _to_padded(dense_k, cu_seqlens_k, seqlen_k)
+        dense_v = _to_padded(dense_v, cu_seqlens_k, seqlen_k)
+    row_multiple = config.tile_m if config.mode == "baps" else 1
+    problem = _pack(dense_q, dense_k, dense_v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple)
+    acc, row_sum, lse_base_log2, counters = _RUNNERS[config.mode](problem, config, p_dtype, return_counters)
+
+    # A row with no key (or, defensively, a zero or NaN sum) gives out 0 and lse -inf, as FA4 does.
+    empty = ~(row_sum > 0)
+    safe_sum = torch.where(empty, 1.0, row_sum)
+    out5 = torch.where(empty[..., None], 0.0, acc / safe_sum[..., None])
+    lse = torch.where(empty, -math.inf, (lse_base_log2 + torch.log2(safe_sum)) * _LN2)
+
+    batch, heads_k, group, rows = problem.shape
+    longest_q = max(seqlen_q, default=0)
+    out = out5[:, :, :, :longest_q].permute(0, 3, 1, 2, 4).reshape(batch, longest_q, heads_k * group, -1)
+    lse = lse[:, :, :, :longest_q].reshape(batch, heads_k * group, longest_q).float()
+    if varlen:
+        sequence, position = _token_positions(cu_seqlens_q, q.shape[0])
+        out = out[sequence, position]
+        lse = lse[sequence, :, position].transpose(0, 1)
+    out = out.to(q.dtype).contiguous()
+    lse = lse.contiguous()
+    if not return_counters:
+        return out, lse
+    return out, lse, {name: value.item() for name, value in counters.items()}
