@@ -52,7 +52,8 @@ def test_frozen():
         ("baps_lambda", True, TypeError, "[0, 15]"),
         ("baps_critical_tiles", -1, ValueError, ">= 0"),
         ("mx_format", "mxfp5", ValueError, "mxfp6"),
-        ("recovery_threshold", -1.0, ValueError, ">= 0"),
+        ("recovery_threshold", -1.0, ValueError, "[0.0, 126.0]"),
+        ("recovery_threshold", 127.0, ValueError, "[0.0, 126.0]"),
     ],
 )
 def test_bad_field_names_field_and_accepted_values(field, value, error, accepted):
@@ -60,6 +61,14 @@ def test_bad_field_names_field_and_accepted_values(field, value, error, accepted
         SoftmaxConfig(**{field: value})
     assert f"SoftmaxConfig.{field}" in str(info.value)
     assert accepted in str(info.value)
+
+
+def test_fused_softmax_constraints():
+    with pytest.raises(ValueError, match=r"SoftmaxConfig.tile_n must be a multiple of 32"):
+        SoftmaxConfig(mode="fused_softmax", tile_n=48)
+    with pytest.raises(ValueError, match=r"SoftmaxConfig.p_dtype must be None for mode 'fused_softmax'"):
+        SoftmaxConfig(mode="fused_softmax", p_dtype=torch.bfloat16)
+    assert SoftmaxConfig(mode="exact", tile_n=48, p_dtype=torch.bfloat16).tile_n == 48
 
 
 @pytest.mark.parametrize("mode", ["baps", "fused_softmax"])
