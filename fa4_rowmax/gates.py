@@ -248,10 +248,12 @@ def single_tile_gate(
     steps = torch.tensor([math.log2(1.5), math.log2(4 / 3)], dtype=torch.float64, device=x.device)
     step_error, step = (w_ratio.abs().unsqueeze(-1) - steps).abs().min(dim=-1)
     flipped = judged & (boundary_distance <= y_error) & (step_error <= tol) & (w_ratio.abs() > tol)
+    resolved = resolvable(expected.p, kernel.out_dtype, headroom_log2=tol)
+    flipped &= resolved
     rows_with_flip = flipped.any(dim=-1, keepdim=True)
-    residual = torch.where(rows_with_flip, w_ratio, p_ratio)
+    residual = torch.where(rows_with_flip & resolved, w_ratio, p_ratio)
     residual = torch.where(flipped, w_ratio - w_ratio.sign() * steps[step], residual)  # what is left of a flip
-    n_underflow = int((judged & ~resolvable(expected.p, kernel.out_dtype, headroom_log2=tol)).sum())
+    n_underflow = int((judged & ~resolved).sum())
     note = (
         f"rounding tol {tol:.3g} oct (out {_dtype_name(kernel.out_dtype)}); lattice ties flipped: "
         f"{int(flipped.sum())}; unresolvable (underflow): {n_underflow}"
@@ -438,8 +440,7 @@ def format_report(
     for name in header:
         table.add_column(name, overflow="fold")
     for row in rows:
-        style = "red" if "UNEXPECTED" in row[3] or row[3] == "fail" or row[3] == "FAIL" else None
-        table.add_row(*row, style=style)
+        table.add_row(*row)
     console = Console(file=io.StringIO(), width=220, force_terminal=False, color_system=None)
     console.print(table)
     return console.file.getvalue()

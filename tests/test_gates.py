@@ -134,13 +134,13 @@ def test_h15_fills_the_envelope():
 
 
 @pytest.mark.parametrize(
-    "causal, seqlen_q, seqlen_k, heads_q, heads_k",
-    [(False, 300, 509, 4, 2), (True, 509, 300, 2, 1), (True, 300, 509, 3, 1)],
+    "causal, seqlen_q, seqlen_k, batch, heads_q, heads_k",
+    [(False, 300, 509, 1, 4, 2), (True, 509, 300, 2, 2, 1), (True, 300, 509, 1, 3, 1)],
 )
-def test_multi_tile_odd_shapes_gqa_fully_masked(causal, seqlen_q, seqlen_k, heads_q, heads_k):
+def test_multi_tile_odd_shapes_gqa_fully_masked(causal, seqlen_q, seqlen_k, batch, heads_q, heads_k):
     report = multi_tile_gate(
         h15_backend, causal=causal, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_k=heads_k,
-        batch=2, seed=5, dtype=torch.float16,
+        batch=batch, seed=5, dtype=torch.float16,
     )
     assert report.passed, "\n" + format_report([report])
     names = [c.name for c in report.checks]
