@@ -18,8 +18,15 @@ and Huawei's CANN conversion routines use), on the magnitude:
   - |x| < 2^-23 (half the smallest denormal) gives +0; [2^-23, 2^-22) gives 2^-22;
   - a result above 2^15 (i.e. |x| >= 1.25 * 2^15) is +-inf, as is +-inf; NaN stays NaN.
 The result keeps the input's dtype (float16, bfloat16, float32 or float64; every HiF8
-value is exact in each of them). Rounding is done in float32 (float64 for float64 input)
-where every step is exact, so no double rounding occurs.
+value is exact in each of them).
+
+Implementation: on the IEEE bits of float32 (float16/bfloat16 widen exactly) or float64.
+With `drop = mantissa_bits - width(e)` low bits to remove, adding 2^(drop - 1) to the
+magnitude bits and clearing the low `drop` bits is round-half-away on the magnitude; a
+carry out of the mantissa bumps the exponent field, which is the correct next binade. For
+e = -23 (width -1, the quantum above the value's own binade) the add carries into the
+exponent and only the mantissa bits are cleared, giving 2^-22. Integer arithmetic only, so
+no double rounding.
 """
 
 import torch
@@ -28,17 +35,23 @@ HIF8_MAX = 2.0**15
 HIF8_MIN_EXPONENT = -22
 HIF8_MAX_EXPONENT = 15
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# dtype -> (same-width integer dtype, mantissa bits, exponent bias)
+_IEEE_LAYOUT = {torch.float32: (torch.int32, 23, 127), torch.float64: (torch.int64, 52, 1023)}
+# Exponents covered by the width table: -23 (rounds to 2^-22 or below) .. 16 (overflows).
+_TABLE_LOW, _TABLE_HIGH = HIF8_MIN_EXPONENT - 1, HIF8_MAX_EXPONENT + 1
 
 
-def _mantissa_width(exponent: torch.Tensor) -> torch.Tensor:
-    """Stored mantissa bits for 2^exponent * 1.f (Note [HiF8 grid and rounding]).
+def _mantissa_width_table(int_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Stored mantissa bits of HiF8 for 2^e * 1.f, e = -23 .. 16 (Note [HiF8 grid and rounding]).
 
-    Exponent -23 gets width -1: its quantum is 2^-22, the smallest denormal.
+    e = -23 gets width -1: its quantum is 2^-22, the smallest denormal.
     """
+    exponent = torch.arange(_TABLE_LOW, _TABLE_HIGH + 1)
     magnitude = exponent.abs()
     width = torch.where(magnitude <= 3, 3, torch.where(magnitude <= 7, 2, 1))
     width = torch.where(exponent < -15, 0, width)
-    return torch.where(exponent < HIF8_MIN_EXPONENT, -1, width)
+    width = torch.where(exponent == _TABLE_LOW, -1, width)
+    return width.to(device=device, dtype=int_dtype)
 
 
 def round_to_hif8(x: torch.Tensor) -> torch.Tensor:
@@ -47,20 +60,22 @@ def round_to_hif8(x: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"x must have one of the dtypes {_SUPPORTED_DTYPES}, got {x.dtype}")
-    work = x if x.dtype == torch.float64 else x.float()
-    # |x| = fraction * 2^binade_exponent with fraction in [0.5, 1): e = binade_exponent - 1.
-    fraction, binade_exponent = torch.frexp(work.abs())
-    exponent = binade_exponent - 1
-    width = _mantissa_width(exponent)
-    # |x| / q lies in [2^width, 2^(width+1)); + 1/2 then floor is round-half-away.
-    scaled = torch.ldexp(fraction, width + 1)
-    magnitude = torch.ldexp(torch.floor(scaled + 0.5), exponent - width)
-    magnitude = torch.where(magnitude > HIF8_MAX, torch.full_like(magnitude, float("inf")), magnitude)
-    # Below 2^-23 the answer is 0; done apart because floor(scaled + 0.5) could round up to 1
-    # when scaled sits within an ulp of 1/2.
-    magnitude = torch.where(exponent < HIF8_MIN_EXPONENT - 1, torch.zeros_like(magnitude), magnitude)
-    # +0.0 turns a negative zero into +0 (HiF8 has one zero).
-    rounded = torch.copysign(magnitude, work) + 0.0
-    rounded = torch.where(torch.isinf(work), work, rounded)
-    rounded = torch.where(torch.isnan(work), work, rounded)
-    return rounded.to(x.dtype)
+    work = x if x.dtype in _IEEE_LAYOUT else x.float()
+    int_dtype, mantissa_bits, bias = _IEEE_LAYOUT[work.dtype]
+    bits = work.view(int_dtype)
+    sign_bit = torch.iinfo(int_dtype).min
+    magnitude = bits & ~sign_bit
+    exponent = (magnitude >> mantissa_bits) - bias
+    table = _mantissa_width_table(int_dtype, x.device)
+    drop = mantissa_bits - table[exponent.clamp(_TABLE_LOW, _TABLE_HIGH) - _TABLE_LOW]
+    one = torch.ones((), dtype=int_dtype, device=x.device)
+    cleared = (one << drop.clamp(max=mantissa_bits)) - 1
+    rounded = (magnitude + (one << (drop - 1))) & ~cleared
+    rounded = torch.where(exponent < _TABLE_LOW, 0, rounded)
+    max_bits = torch.tensor(HIF8_MAX, dtype=work.dtype).view(int_dtype).item()
+    inf_bits = torch.tensor(float("inf"), dtype=work.dtype).view(int_dtype).item()
+    rounded = torch.where(rounded > max_bits, inf_bits, rounded)
+    # The sign goes back on everything but zero (HiF8 has one zero, +0).
+    rounded = torch.where(rounded == 0, rounded, rounded | (bits & sign_bit))
+    result = torch.where(torch.isnan(work), work, rounded.view(work.dtype))
+    return result.to(x.dtype)

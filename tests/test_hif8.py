@@ -79,6 +79,12 @@ def test_limits_and_specials():
     assert math.isnan(got[13])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_subnormal_inputs_and_negative_ties(dtype):
+    x = torch.tensor([1e-45, -1e-40, -(2.0**-23), -1.0625, -17.5, -18.0], dtype=dtype)
+    assert round_to_hif8(x).tolist() == [0.0, 0.0, -(2.0**-22), -1.125, -16.0, -20.0]
+
+
 def test_rejects_non_float_input():
     with pytest.raises(TypeError, match="dtypes"):
         round_to_hif8(torch.zeros(3, dtype=torch.int32))
