@@ -242,7 +242,7 @@ def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row
 
 def _tiles(problem: _Problem, tile_n: int, descending: bool, row_multiple: int = 1):
     """The KV tiles in processing order, each with the first row that can see it and its mask."""
-    batch, _, _, rows = problem.shape
+    rows = problem.shape[3]
     longest_k = max(problem.seqlen_k, default=0)
     n_tiles = -(-longest_k // tile_n)
     order = range(n_tiles - 1, -1, -1) if descending else range(n_tiles)
@@ -335,9 +335,7 @@ def _whole_row_max(problem: _Problem, config: SoftmaxConfig) -> torch.Tensor:
 
 def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, counting: bool):
     """exact / rowmax_h15 / rowmax_pot (Notes [FA4 running max and rescale_threshold], [Weights per mode])."""
-    batch, heads_k, group, rows = problem.shape
-    heads_q = heads_k * group
-    dtype = problem.q.dtype
+    heads_q = problem.shape[1] * problem.shape[2]
     row_anchor = config.anchor == "row"
     row_max = _whole_row_max(problem, config) if row_anchor else problem.q.new_full(problem.shape, -math.inf)
     row_sum = problem.q.new_zeros(problem.shape)
@@ -370,7 +368,7 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
                 counters["rescales"] += (moved & ~keep & (m_old > -math.inf)).sum()
                 counters["rescales_skipped"] += (moved & keep).sum()
             m_old.copy_(m_new)
-        bias = (config.max_offset - m_safe * scale_log2).to(dtype)
+        bias = config.max_offset - m_safe * scale_log2
         p = _fa4_weights(s.mul_(scale_log2).add_(bias[..., None]), tile, config)
         sums = row_sum[:, :, :, tile.row_start :]
         sums.mul_(acc_scale).add_(p.sum(-1))
@@ -438,7 +436,7 @@ def _run_baps(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, co
         counters["restarts"] = block_restarts.sum()
         counters["baps_blocks"] = block_tiles.sum()
         followed = block_tiles > 0
-        counters["arr"] = counters["restarts"] / counters["baps_blocks"].clamp(min=1)
+        counters["arr"] = counters["restarts"].double() / counters["baps_blocks"].clamp(min=1).double()
         share = block_restarts[followed].double() / block_tiles[followed].double()
         counters["prr"] = share.max() if share.numel() else torch.zeros((), dtype=torch.float64)
     return acc, row_sum, row_max, counters
@@ -536,7 +534,9 @@ def attention_reference(
         raise TypeError(f"config must be a SoftmaxConfig or None, got {type(config).__name__}")
     if not isinstance(return_counters, bool):
         raise TypeError(f"return_counters must be a bool, got {type(return_counters).__name__}")
-    seqlen_q, seqlen_k = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config)
+    seqlen_q, seqlen_k = _check_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config
+    )
     varlen = cu_seqlens_q is not None
     p_dtype = config.p_dtype
     if p_dtype is None:
