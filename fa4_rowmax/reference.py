@@ -23,8 +23,11 @@ score units (before `scale_log2`). Per tile: `m_new = max(m_old, rowmax(s))`,
 `rescale_threshold > 0` and `acc_scale_ >= -rescale_threshold` the old max stays and
 nothing is rescaled, otherwise O and the row sum are scaled by `exp2(acc_scale_)` (0 on the
 first tile with a key, where `m_old = -inf`). The weights use
-`y = s * scale_log2 + (max_offset - m * scale_log2)` (the kernel's FFMA), so with a stale
-max y reaches `max_offset + rescale_threshold`. The LSE is
+`y = s * scale_log2 + (max_offset - m * scale_log2)`, the kernel's expression, so with a
+stale max y reaches `max_offset + rescale_threshold`. The kernel evaluates it as one FFMA
+(one rounding) on scores from its own GEMM; here it is a multiply and an add. y can differ
+by an ulp, which now and then moves an element across an H15/PoT rounding boundary: a
+kernel-vs-reference comparison must allow such rare half-octave (PoT: octave) flips. The LSE is
 `(m * scale_log2 + log2(row_sum) - max_offset) * ln 2` with the max actually used.
 
 Note [Weights per mode]
