@@ -22,12 +22,13 @@ tunes AITER's own kernels). A call with an argument in none of these sets (a new
 so a new feature is never silently dropped. Arguments are matched by name, not position.
 
 Note [What the fused path serves]
-BF16 q, k, v; head dim 64 or 128 (q, k and v alike); heads_q a multiple of heads_k (MQA/GQA); causal
-(bottom-right aligned, as AITER) or not; any softmax_scale; dense or varlen. It falls through for
-dropout, attention bias, ALiBi, a sliding window, sinks, logits soft-cap, paged KV (`block_table`),
-padded varlen layouts, FP8 descales, a request for the softmax matrix, and whenever q, k or v requires
-grad: the kernel is forward-only, and AITER's backward would recompute exact P from the approximate
-forward's LSE, which is not the gradient of what was computed.
+BF16 q, k, v; head dim 64 or 128, q, k and v alike (the head dims of the models the method targets and
+of the benchmarks; the kernel itself takes more, `attention.HEAD_DIMS`); heads_q a multiple of heads_k
+(MQA/GQA); causal (bottom-right aligned, as AITER) or not; any softmax_scale; dense or varlen. It falls
+through for dropout, attention bias, ALiBi, a sliding window, sinks, logits soft-cap, paged KV
+(`block_table`), padded varlen layouts, FP8 descales, a request for the softmax matrix, and whenever q, k
+or v requires grad: the kernel is forward-only, and AITER's backward would recompute exact P from the
+approximate forward's LSE, which is not the gradient of what was computed.
 """
 
 import contextlib

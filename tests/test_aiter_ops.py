@@ -130,6 +130,12 @@ def test_kernel_entries_accept_what_the_ops_pass():
         qv, kv, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=21, **options)
 
 
+def test_kernel_takes_every_head_dim_the_override_serves():
+    from aiter_fused import attention, override
+
+    assert set(override.SUPPORTED_HEAD_DIMS) <= set(attention.HEAD_DIMS)
+
+
 def test_importing_the_package_needs_no_triton_and_no_aiter():
     code = (
         "import sys, aiter_fused, aiter_fused.ops, aiter_fused.override, aiter_fused.vllm_plugin\n"

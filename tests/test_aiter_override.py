@@ -11,11 +11,15 @@ import importlib.util
 import inspect
 import logging
 import math
+import os
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the real kernel runs under Triton's interpreter on a CPU
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("aiter") is None,
@@ -33,6 +37,7 @@ from fa4_rowmax.fused_softmax import (  # noqa: E402
 )
 
 BF16 = torch.bfloat16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.FORCE_ENV)
 
 
@@ -279,6 +284,51 @@ def test_install_warns_about_unknown_aiter_arguments(aiter, kernel, aiter_ops, m
     q, k, v = _qkv(1, 16, 16, heads_q=2, heads_k=2, head_dim=64)
     aiter.flash_attn_func(q, k, v)
     assert kernel.calls == [] and aiter_ops == ["mha_fwd"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# End to end with the real Triton kernel: AITER's public functions -> hook -> custom op -> kernel.
+
+
+def _assert_matches_reference(out, lse, expected_out, expected_lse):
+    """To rounding: BF16 output, fp32 scores summed in another order (as tests/test_aiter_fused_kernel.py)."""
+    out, expected_out = out.float().cpu(), expected_out.float()
+    assert ((out - expected_out).norm() / expected_out.norm()).item() < 6e-3
+    finite = torch.isfinite(expected_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    assert (lse.cpu()[finite] - expected_lse[finite]).abs().max() < 1e-3
+
+
+@pytest.fixture
+def real_kernel():
+    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no GPU, and Triton was imported before TRITON_INTERPRET=1 could be set")
+    pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("mx_format", ["mxfp8", "mxfp4"])
+def test_real_kernel_through_flash_attn_func(aiter, aiter_ops, real_kernel, mx_format):
+    q, k, v = (t.to(DEVICE) for t in _qkv(1, 37, 83, heads_q=4, heads_k=2, head_dim=64, seed=5))
+    override.install()
+    with aiter_fused.use_format(mx_format):
+        out, lse = aiter.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert aiter_ops == []
+    expected_out, expected_lse = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), causal=True, mx_format=mx_format)
+    _assert_matches_reference(out, lse, expected_out, expected_lse)
+
+
+def test_real_kernel_through_flash_attn_varlen_func(aiter, aiter_ops, real_kernel):
+    seqlens_q, seqlens_k = [9, 40], [30, 17]  # the second sequence has fully masked causal rows
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in _varlen_qkv(seqlens_q, seqlens_k, heads_q=2, heads_k=1,
+                                                              head_dim=64, seed=6))
+    override.install()
+    out, lse = aiter.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True,
+                                            return_lse=True)
+    assert aiter_ops == []
+    expected_out, expected_lse = fused_softmax_attention_reference_varlen(
+        q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True)
+    _assert_matches_reference(out, lse, expected_out, expected_lse)
 
 
 # ----------------------------------------------------------------------------------------------------
