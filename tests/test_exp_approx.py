@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import DEVICES
+
 from fa4_rowmax.exp_approx import h15, h15_bits, pot, q_half, schraudolph
 
 ENVELOPE_LOW, ENVELOPE_HIGH = -0.25, math.log2(1.5) - 0.25  # 0.33496...
@@ -159,3 +161,10 @@ def test_float32_only(function):
 def test_pot_rejects_bad_k_max(k_max):
     with pytest.raises(ValueError, match=r"k_max must be an int in \[0, 126\]"):
         pot(torch.zeros(2), k_max)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_bits_on_every_device(device):
+    x = torch.cat([boundary_sweep(steps=4), torch.linspace(-140.0, 140.0, 100_001)])
+    for function in (h15_bits, h15, q_half, schraudolph, lambda v: pot(v, 20)):
+        assert torch.equal(bits(function(x.to(device)).cpu()), bits(function(x)))

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import DEVICES
+
 from fa4_rowmax.hif8 import HIF8_MAX, round_to_hif8
 
 
@@ -90,3 +92,11 @@ def test_rejects_non_float_input():
         round_to_hif8(torch.zeros(3, dtype=torch.int32))
     with pytest.raises(TypeError, match="torch.Tensor"):
         round_to_hif8(np.zeros(3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_values_on_every_device(device):
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(200_000, generator=generator) * torch.exp2(torch.randn(200_000, generator=generator) * 10)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        assert torch.equal(round_to_hif8(x.to(dtype).to(device)).cpu(), round_to_hif8(x.to(dtype)))
