@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
@@ -108,7 +107,8 @@ def _gate_subject(subject, reference, dtypes, device, seeds, results) -> bool:
             print(f"\n{subject.label} [{dtype}]: FAILED TO RUN: {type(error).__name__}: {error}")
             results.append({"subject": subject.label, "dtype": str(dtype), "error": f"{type(error).__name__}: {error}"})
             return False
-        title = f"{subject.label}, {str(dtype).removeprefix('torch.')} on {device} ({time.perf_counter() - start:.1f} s)"
+        elapsed = time.perf_counter() - start
+        title = f"{subject.label}, {str(dtype).removeprefix('torch.')} on {device} ({elapsed:.1f} s)"
         print()
         print(format_report(reports, title=title, expect_pass=[subject.must_pass(r) for r in reports]))
         results.extend(_report_json(subject, r, dtype) for r in reports)

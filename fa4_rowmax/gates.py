@@ -109,7 +109,9 @@ class GateReport:
         )
 
 
-def _evaluate(name: str, values: torch.Tensor, judged: torch.Tensor, bound: tuple[float, float], note: str = "") -> Check:
+def _evaluate(
+    name: str, values: torch.Tensor, judged: torch.Tensor, bound: tuple[float, float], note: str = ""
+) -> Check:
     """Judge ``values`` (batch, heads, rows[, cols]) where ``judged``; NaN counts as out of bound."""
     lo, hi = bound
     n = int(judged.sum())
@@ -293,7 +295,10 @@ def multi_tile_gate(
     _check_common(dtype, device, seed, head_dim, q_std)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    for name, value in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("batch", batch), ("heads_q", heads_q), ("heads_k", heads_k)):
+    sizes = (
+        ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("batch", batch), ("heads_q", heads_q), ("heads_k", heads_k)
+    )
+    for name, value in sizes:
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if heads_q % heads_k != 0:

@@ -2,8 +2,9 @@
 
 A backend is any callable ``backend(q, k, v, causal) -> (out, lse)`` in FlashAttention's layout
 (docs/design.md); it is called with ``causal`` as a keyword, so
-``functools.partial(attention_reference, config=...)`` is a backend as it stands. With ``V`` one-hot over a block of keys, ``out = P @ V`` copies that block of each P row
-into the output row, so ``ceil(seqlen_k / head_dim_v)`` calls read the whole of P. The LSE the backend
+``functools.partial(attention_reference, config=...)`` is a backend as it stands. With ``V`` one-hot over
+a block of keys, ``out = P @ V`` copies that block of each P row into the output row, so
+``ceil(seqlen_k / head_dim_v)`` calls read the whole of P. The LSE the backend
 returns gives each row's normaliser, and with it the unnormalised weights.
 
 Note [P readback through one-hot V]
@@ -157,7 +158,9 @@ def unnormalised_log2_weights(p: torch.Tensor, lse: torch.Tensor) -> torch.Tenso
     ``p`` (..., seqlen_q, seqlen_k), ``lse`` (..., seqlen_q). Elements with ``P = 0`` give ``-inf``.
     """
     if p.shape[:-1] != lse.shape:
-        raise ValueError(f"lse shape {tuple(lse.shape)} must equal p's shape without its last dim {tuple(p.shape[:-1])}")
+        raise ValueError(
+            f"lse shape {tuple(lse.shape)} must equal p's shape without its last dim {tuple(p.shape[:-1])}"
+        )
     return p.to(torch.float64).log2() + lse.to(torch.float64).unsqueeze(-1) * math.log2(math.e)
 
 

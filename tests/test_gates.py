@@ -256,6 +256,11 @@ def test_reference_h15_passes(rescale_threshold):
     assert single.passed, str(single)
     multi = multi_tile_gate(reference, causal=True, seqlen_q=509, seqlen_k=509, heads_q=2, heads_k=1, seed=7)
     assert multi.passed, "\n" + format_report([multi])
+    # Threshold 0 always moves the anchor onto the row max (e* = 0: both views of log2(w_hat/w) agree);
+    # threshold 8 keeps stale anchors in some rows, which the row-max view must leave out.
+    rowmax_view = next(c for c in multi.checks if c.name == "log2(w_hat/w) via row max")
+    stale_rows = int(rowmax_view.note.rsplit(":", 1)[1])
+    assert (stale_rows > 0) == (rescale_threshold > 0), rowmax_view.note
 
 
 def test_run_gates_and_format_report():
