@@ -286,3 +286,41 @@ def test_bad_arguments_name_themselves():
         multi_tile_gate(h15_backend, causal=True, seqlen_q=64, seqlen_k=0)
     with pytest.raises(TypeError, match="backend"):
         single_tile_gate(None, h15_backend)
+
+
+# --- the FA4 kernel (GPU) ------------------------------------------------------------------------
+
+
+def _fa4_backend_or_skip(*args, **kwargs):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    interface = pytest.importorskip("fa4_rowmax.interface")
+    try:
+        return interface.fa4_backend(*args, **kwargs)
+    except RuntimeError as error:  # FA4 not patched here
+        pytest.skip(f"FA4 kernel backend not available: {error}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rescale_threshold", [0.0, None])
+def test_fa4_rowmax_h15_kernel_passes(dtype, rescale_threshold):
+    kernel = _fa4_backend_or_skip("rowmax_h15", rescale_threshold=rescale_threshold)
+    reference = _reference_h15_backend()
+    single = single_tile_gate(kernel, reference, dtype=dtype, device="cuda")
+    assert single.passed, str(single)
+    for causal, seqlen_q, seqlen_k, heads_q, heads_k in ((True, 512, 512, 1, 1), (False, 300, 509, 4, 2)):
+        multi = multi_tile_gate(
+            kernel, causal=causal, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_k=heads_k,
+            dtype=dtype, device="cuda",
+        )
+        assert multi.passed, "\n" + format_report([multi])
+
+
+@pytest.mark.gpu
+def test_fa4_stock_kernel_is_the_exact_control():
+    kernel = _fa4_backend_or_skip("exact")
+    single = single_tile_gate(kernel, _reference_h15_backend(), device="cuda")
+    assert not single.passed
+    multi = multi_tile_gate(kernel, causal=True, seqlen_q=512, seqlen_k=512, device="cuda")
+    assert multi.passed, "\n" + format_report([multi])
