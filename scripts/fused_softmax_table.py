@@ -115,7 +115,22 @@ def markdown(result):
             for fmt, s in per_fmt.items():
                 lines.append(f"| {sigma} | {fmt} | {s['plain_pct_mean']:.2f} | {s['fused_pct_mean']:.2f} | "
                              f"{s['delta_pct_points']:+.2f} |")
-    lines += ["", f"Runtime {result['runtime_s']:.0f} s on {result['machine']}, torch {result['torch']}.", ""]
+    main = result["main"]
+    worst = max(s["delta_pct_points"] for s in main.values())
+    gap = max(abs(s["fused_pct_mean"] - s["paper_fused_pct"]) for s in main.values())
+    lines += ["", "## Reading", "",
+              f"- At sigma = 1 the Fused-Softmax errors are within {gap:.2f} points of the paper's, so N(0, 1) "
+              "inputs at head_dim 128 are most likely the paper's setting; the error grows with sigma (a "
+              "peakier softmax makes the score error from the quantized Q and K count more).",
+              f"- Fused-Softmax adds at most {worst:+.2f} points over plain quantization here (paper: <= 0.3). The "
+              "likely source (not isolated by an ablation here) is the Schraudolph exp2, which over-estimates "
+              "2**y by 0 to 6.15% depending on the fractional part of y, a weight error that normalisation "
+              "cannot cancel; it shows most where the quantization error is small (MXFP8, small sigma).",
+              "- No recovery fires on these inputs: with N(0, 1) data no later tile's max exceeds the first "
+              "tile's by 8 (log2 units); the recovery path is exercised by the adversarial tests instead.",
+              "",
+              f"Runtime {result['runtime_s']:.0f} s on {result['machine']} (2 shared CPUs), torch {result['torch']}.",
+              ""]
     return "\n".join(lines)
 
 
@@ -149,8 +164,13 @@ def main():
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "fused_softmax_synthetic.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out_dir / "fused_softmax_synthetic.md").write_text(markdown(result))
-    print(markdown(result))
+    write_markdown(result, args.out_dir)
+
+
+def write_markdown(result, out_dir: Path):
+    text = markdown(result)
+    (out_dir / "fused_softmax_synthetic.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

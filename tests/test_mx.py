@@ -100,8 +100,9 @@ def test_rceil_never_saturates_and_is_tight(fmt):
     """Including amax a few ulp above max_normal * 2**k, where an fp32 log2 rounds down."""
     spec = ELEMENT_FORMATS[fmt]
     base = torch.tensor([spec.max_normal * 2.0**k for k in range(-100, 100, 7)], dtype=torch.float32)
-    amax = torch.cat([base, *(torch.nextafter(base, torch.tensor(float("inf"))) for _ in range(1)),
-                      base * (1 + 2.0**-22), base * (1 + 2.0**-21), torch.rand(200) * 10.0 ** torch.randint(-20, 20, (200,))])
+    one_ulp_above = torch.nextafter(base, torch.tensor(float("inf")))
+    random = torch.rand(200) * 10.0 ** torch.randint(-20, 20, (200,))
+    amax = torch.cat([base, one_ulp_above, base * (1 + 2.0**-22), base * (1 + 2.0**-21), random])
     exponent = rceil_scale_exponent(amax, fmt).double()
     assert torch.all(amax.double() * torch.exp2(-exponent) <= spec.max_normal * (1 + 2.0**-23))
     assert torch.all(amax.double() * torch.exp2(-(exponent - 1)) > spec.max_normal * (1 - 2.0**-23))
