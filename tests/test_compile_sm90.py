@@ -1,0 +1,97 @@
+"""SM90 (Hopper) FA4 kernels with the softmax stage compile to cubin on the CPU; SASS read with cuobjdump.
+
+Each configuration compiles in its own subprocess against private FA4 copies (scripts/compile_check.py).
+The CI matrix is small; `-m slow` adds the full one (dtypes x causal x head dim x GQA/varlen x modes).
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+pytest.importorskip("flash_attn.cute")
+pytest.importorskip("triton")
+
+import compile_check  # noqa: E402
+from fa4_rowmax.exp_approx import h15  # noqa: E402
+from fa4_rowmax.softmax_base import H15_CLAMP, H15_ROUND, H15_SNAP_ADD, H15_SNAP_MASK, off_mufu  # noqa: E402
+
+ARCH = "sm90"
+
+
+@pytest.fixture(scope="module")
+def ci_report(tmp_path_factory):
+    return compile_check.check_matrix(ARCH, compile_check.ci_matrix(ARCH), tmp_path_factory.mktemp(ARCH))
+
+
+def _result(report, **config):
+    want = dict(compile_check.DEFAULT_CONFIG, **config)
+    return next(r for r in report["results"][:-1] if r["config"] == want)
+
+
+def test_every_configuration_compiles(ci_report):
+    failed = [(r["config"], r.get("error", "")[-600:]) for r in ci_report["results"] if not r["ok"]]
+    assert not failed, failed
+
+
+def test_exact_compiles_to_the_same_sass_as_stock_fa4(ci_report):
+    assert ci_report["checks"]["exact_sass_equals_stock"]
+
+
+def test_h15_moves_the_exponential_off_the_mufu(ci_report):
+    stock = ci_report["stock"]["counts"]
+    h15_counts = _result(ci_report, mode="rowmax_h15")["counts"]
+    # Only the per-row rescale factors stay on the MUFU; every element's exp2 leaves it...
+    assert h15_counts["MUFU.EX2"] * 10 < stock["MUFU.EX2"]
+    # ...and each element gains a clamp (FMNMX), a round-add (FADD) and a shift-add (LEA).
+    n_elements = stock["MUFU.EX2"] - h15_counts["MUFU.EX2"]
+    assert h15_counts["LEA"] - stock["LEA"] >= 0.9 * n_elements
+    assert h15_counts["FMNMX"] - stock["FMNMX"] >= 0.9 * n_elements
+
+
+def test_mufu_count_falls_as_beta_grows(ci_report):
+    assert ci_report["checks"]["mufu_falls_with_beta_rowmax_h15"]
+    ex2 = dict(ci_report["checks"]["mufu_by_beta_rowmax_h15"])
+    assert ex2[0.0] >= ci_report["stock"]["counts"]["MUFU.EX2"]  # beta 0: every weight through the MUFU
+    assert _result(ci_report, mode="exact", beta=1.0)["counts"]["MUFU.EX2"] < ex2[0.5] < ex2[0.0]
+
+
+@pytest.mark.slow
+def test_full_matrix(tmp_path):
+    report = compile_check.check_matrix(ARCH, compile_check.full_matrix(ARCH), tmp_path)
+    assert all(v for k, v in report["checks"].items() if not k.startswith("mufu_by_beta")), report["checks"]
+
+
+# --- the instruction sequences' arithmetic, emulated in numpy float32 (no GPU) -----------------------
+
+def _bits(x):
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def test_mufu_snap_maps_approximate_exp2_onto_the_h15_lattice():
+    """Note [H15 through the MUFU]: ex2.approx of Q_half(x), a few ulps off either way, snaps to H(x)."""
+    x = np.linspace(-126.0, 20.0, 400_001, dtype=np.float32)
+    q = (np.maximum(x, np.float32(H15_CLAMP)) + np.float32(H15_ROUND)) - np.float32(H15_ROUND)  # fp32 rn
+    expected = _bits(h15(torch.from_numpy(x)).numpy())
+    for ulps in (-3, -1, 0, 1, 3):
+        approx = (_bits(np.exp2(q.astype(np.float64)).astype(np.float32)).astype(np.int64) + ulps).astype(np.uint32)
+        snapped = ((approx.astype(np.uint64) + H15_SNAP_ADD) & H15_SNAP_MASK).astype(np.uint32)
+        assert np.array_equal(snapped, expected), ulps
+
+
+def test_alu_bit_trick_matches_h15():
+    """Note [H15 in fp32 bits]: clamp, fp32 round-add, (bits << 22) + bits(1.0)."""
+    x = np.concatenate([np.linspace(-130.0, 30.0, 400_001, dtype=np.float32), np.float32([-np.inf, -127, -126.75])])
+    r = np.maximum(x, np.float32(H15_CLAMP)) + np.float32(H15_ROUND)
+    built = ((_bits(r).astype(np.uint64) << 22) + 0x3F800000).astype(np.uint32)
+    assert np.array_equal(built, _bits(h15(torch.from_numpy(x)).numpy()))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.125, 0.25, 0.5, 0.7, 1.0])
+def test_beta_picks_an_even_share(beta):
+    picks = [off_mufu(i, 64, beta) for i in range(64)]
+    assert sum(picks) == int(64 * beta)

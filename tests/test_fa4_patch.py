@@ -1,0 +1,222 @@
+"""The FA4 patch set and its apply/revert script, on private copies of the installed FA4 (never the venv's).
+
+Also the host-side validation of `softmax_mode` / `rescale_threshold` / `beta` (fa4_rowmax.interface), both
+directly and through the patched `flash_attn_func` imported from a patched copy in a subprocess.
+"""
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+fa4_patch = pytest.importorskip("fa4_patch")
+pytest.importorskip("flash_attn.cute")
+
+from fa4_rowmax.interface import LOG2_ROUND_UP, SoftmaxStage, softmax_stage  # noqa: E402
+
+PATCHED_FILES = ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm90.py", "flash_attn/cute/flash_fwd_sm100.py")
+
+
+def _digest(site: Path) -> dict:
+    return {f: hashlib.sha256((site / f).read_bytes()).hexdigest() for f in PATCHED_FILES}
+
+
+@pytest.fixture(scope="module")
+def stock_copy(tmp_path_factory):
+    return fa4_patch.copy_package(fa4_patch.default_site(), tmp_path_factory.mktemp("stock"), state="stock")
+
+
+@pytest.fixture(scope="module")
+def patched_copy(tmp_path_factory):
+    return fa4_patch.copy_package(fa4_patch.default_site(), tmp_path_factory.mktemp("patched"), state="patched")
+
+
+def test_patches_parse_and_touch_only_the_three_files():
+    patches = fa4_patch.load_patches()
+    assert sorted({p.path for p in patches}) == sorted(PATCHED_FILES)
+    assert all(p.hunks for p in patches)
+
+
+def test_apply_is_idempotent_and_revert_restores_stock_bytes(stock_copy, tmp_path):
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    stock = _digest(site)
+    assert fa4_patch.status(site) == "stock"
+    assert fa4_patch.apply(site, dry_run=True) and _digest(site) == stock  # dry run writes nothing
+    assert sorted(fa4_patch.apply(site)) == sorted(PATCHED_FILES)
+    assert fa4_patch.status(site) == "patched" and _digest(site) != stock
+    patched = _digest(site)
+    assert fa4_patch.apply(site) == [] and _digest(site) == patched  # idempotent
+    assert sorted(fa4_patch.revert(site)) == sorted(PATCHED_FILES)
+    assert _digest(site) == stock and fa4_patch.status(site) == "stock"
+    assert fa4_patch.revert(site) == []
+
+
+def test_wrong_version_is_refused_with_a_clear_message(stock_copy, tmp_path):
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    meta = next(site.glob("flash_attn_4-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 4.0.0b36", "Version: 4.0.0b37"))
+    before = _digest(site)
+    with pytest.raises(fa4_patch.PatchError, match=r"4\.0\.0b37.*4\.0\.0b36"):
+        fa4_patch.apply(site)
+    assert _digest(site) == before
+
+
+def test_edited_file_is_refused_and_nothing_is_written(stock_copy, tmp_path):
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    sm90 = site / "flash_attn/cute/flash_fwd_sm90.py"
+    text = sm90.read_text()
+    line = "            num_rows=acc_O.shape[0][0] * acc_O.shape[1],\n"  # inside a hunk's context
+    assert text.count(line) == 1
+    sm90.write_text(text.replace(line, line.replace("num_rows=", "num_rows = ")))
+    before = _digest(site)
+    with pytest.raises(fa4_patch.PatchError, match="flash_fwd_sm90.py"):
+        fa4_patch.apply(site)
+    assert _digest(site) == before  # interface.py was not patched either: all-or-nothing
+
+
+def test_cli_status_check_and_exit_codes(stock_copy, tmp_path):
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    script = [sys.executable, str(ROOT / "scripts/fa4_patch.py")]
+    run = lambda *a: subprocess.run(script + list(a) + ["--site", str(site)], capture_output=True, text=True)
+    assert run("check").returncode == 1
+    assert "stock" in run("status").stdout
+    assert run("apply").returncode == 0 and run("check").returncode == 0
+    assert run("revert").returncode == 0 and "stock" in run("status").stdout
+
+
+# --- host-side validation (no kernel) ---------------------------------------------------------------
+
+def test_stock_arguments_give_no_stage():
+    assert softmax_stage() is None
+    assert softmax_stage("exact", None, None, requires_grad=True) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        (dict(softmax_mode="rowmax"), ValueError, "softmax_mode.*rowmax_h15"),
+        (dict(softmax_mode=3), TypeError, "softmax_mode"),
+        (dict(softmax_mode="rowmax_h15", rescale_threshold=-1.0), ValueError, "rescale_threshold.*>= 0"),
+        (dict(softmax_mode="rowmax_h15", rescale_threshold=math.nan), ValueError, "rescale_threshold"),
+        (dict(softmax_mode="rowmax_h15", rescale_threshold="8"), TypeError, "rescale_threshold"),
+        (dict(softmax_mode="rowmax_h15", beta=1.5), ValueError, r"beta.*\[0, 1\]"),
+        (dict(softmax_mode="exact", beta=True), TypeError, "beta"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        softmax_stage(**kwargs)
+
+
+@pytest.mark.parametrize("mode", ["rowmax_h15", "rowmax_pot"])
+def test_approximate_modes_refuse_gradients(mode):
+    with pytest.raises(ValueError, match="forward-only"):
+        softmax_stage(mode, requires_grad=True)
+    assert softmax_stage("exact", 4.0, requires_grad=True) is not None  # exact with knobs keeps gradients
+
+
+def test_stage_is_hashable_and_resolves_per_arch():
+    stage = softmax_stage("rowmax_h15")
+    assert hash(stage) == hash(SoftmaxStage("rowmax_h15"))
+    sm90 = stage.for_kernel(arch=90, q_dtype=torch.bfloat16)
+    sm100 = stage.for_kernel(arch=100, q_dtype=torch.bfloat16)
+    sm100_fp8 = stage.for_kernel(arch=100, q_dtype=torch.float8_e4m3fn)
+    assert (sm90.rescale_threshold, sm90.max_offset) == (0.0, 0)
+    assert (sm100.rescale_threshold, sm100.max_offset) == (8.0, 0)
+    assert (sm100_fp8.rescale_threshold, sm100_fp8.max_offset) == (0.0, 8)
+    assert len({sm90, sm100, sm100_fp8}) == 3  # distinct compile-cache keys
+    with pytest.raises(ValueError, match="SM90 or SM100"):
+        stage.for_kernel(arch=80, q_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="qv"):
+        stage.for_kernel(arch=100, q_dtype=torch.bfloat16, has_qv=True)
+
+
+def test_fp8_range_rule_leaves_room_for_the_round_up():
+    log2_e4m3_max = math.log2(448.0)
+    # H15 may round up by log2(1.5) - 0.25 octaves: with max_offset 8 that leaves < 0.472 for the threshold.
+    room = log2_e4m3_max - 8 - LOG2_ROUND_UP["rowmax_h15"]
+    SoftmaxStage("rowmax_h15", rescale_threshold=room - 1e-3).for_kernel(arch=100, q_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="rescale_threshold.*float8_e4m3fn"):
+        SoftmaxStage("rowmax_h15", rescale_threshold=room + 1e-3).for_kernel(arch=100, q_dtype=torch.float8_e4m3fn)
+    # exact has no round-up, so the same threshold is fine there
+    SoftmaxStage("exact", rescale_threshold=room + 1e-3).for_kernel(arch=100, q_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="rescale_threshold"):
+        SoftmaxStage("rowmax_pot", rescale_threshold=0.4).for_kernel(arch=100, q_dtype=torch.float8_e4m3fn)
+
+
+# --- the patched FA4 itself, imported from a patched copy in a subprocess ----------------------------
+
+_PROBE = r"""
+import json, inspect, torch
+import flash_attn.cute.interface as fi
+out = {"params": {f: [p for p in ("softmax_mode", "rescale_threshold", "beta")
+                      if p in inspect.signature(getattr(fi, f)).parameters]
+                  for f in ("flash_attn_func", "flash_attn_varlen_func")}}
+q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+for name, kw, grad in [("bad_mode", dict(softmax_mode="h15"), False),
+                       ("bad_beta", dict(softmax_mode="rowmax_h15", beta=2.0), False),
+                       ("grad", dict(softmax_mode="rowmax_h15"), True)]:
+    qq = q.clone().requires_grad_(grad)
+    try:
+        fi.flash_attn_func(qq, q, q, **kw)
+        out[name] = "no error"
+    except Exception as e:
+        out[name] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def test_patched_fa4_takes_the_knobs_and_validates_before_any_kernel(patched_copy):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(patched_copy), str(ROOT)]))
+    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["params"] == {f: ["softmax_mode", "rescale_threshold", "beta"]
+                             for f in ("flash_attn_func", "flash_attn_varlen_func")}
+    assert out["bad_mode"].startswith("ValueError") and "softmax_mode" in out["bad_mode"]
+    assert out["bad_beta"].startswith("ValueError") and "beta" in out["bad_beta"]
+    assert out["grad"].startswith("ValueError") and "forward-only" in out["grad"]
+
+
+# --- the +rowmax wheel --------------------------------------------------------------------------------
+
+def test_build_wheel_patches_relabels_and_writes_a_correct_record(stock_copy, tmp_path):
+    """A pinned-version wheel is packed from the stock copy, then rebuilt by scripts/build_fa4_wheel.py."""
+    import base64
+    import csv
+    import zipfile
+
+    pytest.importorskip("wheel")
+    build_fa4_wheel = pytest.importorskip("build_fa4_wheel")
+    src = tmp_path / "src"
+    fa4_patch.copy_package(stock_copy, src, state="stock")
+    (src / "flash_attn_4-4.0.0b36.dist-info" / "RECORD").unlink()
+    (tmp_path / "pinned").mkdir()
+    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(tmp_path / "pinned"), str(src)],
+                   check=True, capture_output=True)
+    (pinned,) = (tmp_path / "pinned").glob("*.whl")
+    built = build_fa4_wheel.build(pinned, tmp_path / "dist")
+    assert built.name.startswith("flash_attn_4-4.0.0b36+rowmax-")
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(built) as zf:
+        zf.extractall(unpacked)
+    info = unpacked / "flash_attn_4-4.0.0b36+rowmax.dist-info"
+    assert "Version: 4.0.0b36+rowmax\n" in (info / "METADATA").read_text()
+    assert fa4_patch.status(unpacked) == "patched"
+    rows = list(csv.reader((info / "RECORD").read_text().splitlines()))
+    assert {r[0] for r in rows} >= set(PATCHED_FILES)
+    for path, digest, size in rows:
+        if digest:
+            data = (unpacked / path).read_bytes()
+            algo, value = digest.split("=", 1)
+            assert base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode() == value, path
+            assert int(size) == len(data), path
