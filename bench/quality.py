@@ -136,6 +136,7 @@ def export_cache(workload: Workload, out_dir: Path, dtype: torch.dtype) -> None:
 
 def load_from_cache(cache_dir: Path) -> Workload:
     """Load what `export_cache` wrote; needs transformers and safetensors, not gguf."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -262,15 +263,26 @@ def plan_runs(modes: list[str], compare_kernels: bool) -> list[Run]:
     return runs
 
 
-def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], log=print) -> dict:
-    """Score the baseline and every run on every block; per-block deltas, agreement and counters per run."""
+def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_budget_s: float | None = None,
+              log=print) -> dict:
+    """Score the baseline and every run on every block; per-block deltas, agreement and counters per run.
+
+    With `time_budget_s`, no new block is started once the time spent plus one more block would exceed it;
+    every run still covers the same blocks (the pairing holds) and the report says how many were done.
+    """
+    started = time.perf_counter()
     model = workload.model
     for backend in sorted({r.backend for r in runs}):
         hf_attention.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend)
     state = hf_attention.attach(model)
     per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
     kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel"}
+    blocks_done = 0
     for b, block in enumerate(blocks):
+        elapsed = time.perf_counter() - started
+        if time_budget_s is not None and b > 0 and elapsed * (b + 1) / b > time_budget_s:
+            log(f"time budget {time_budget_s:.0f} s: stopping after {b} of {len(blocks)} blocks")
+            break
         t0 = time.perf_counter()
         base = score_block(model, block, BASELINE)
         base_seconds = time.perf_counter() - t0
@@ -292,6 +304,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], log=pri
             top1_of[run.name] = scores.top1
         for mode, agree in kernel_vs_sim_agree.items():
             agree.append(float((top1_of[f"kernel_{mode}"] == top1_of[f"sim_bf16in_{mode}"]).double().mean()))
+        blocks_done = b + 1
         log(f"block {b + 1}/{len(blocks)}: baseline NLL {base.nll.mean():.4f} ({base_seconds:.1f} s); "
             + ", ".join(f"{r.name} {per_run[r.name]['delta'][-1]:+.5f}" for r in runs))
 
@@ -328,7 +341,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], log=pri
             "kernel_recoveries": kernel["counters"].get("recoveries"),
             "sim_recoveries": sim["counters"].get("recoveries") if "recoveries" in kernel["counters"] else None,
         }
-    return {"runs": results, "kernel_vs_simulator": comparisons}
+    return {"runs": results, "kernel_vs_simulator": comparisons, "blocks_done": blocks_done}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -354,7 +367,9 @@ def markdown_report(report: dict) -> str:
         f"- text: {meta['text_source']}; {len(meta['text_files'])} files joined, sha256 {meta['text_sha256']}, "
         f"{meta['num_tokens']} tokens",
         f"- blocks: {meta['num_blocks']} of {meta['block_size']} tokens, evenly spaced (block indices "
-        f"{meta['block_indices']})",
+        f"{meta['block_indices']})"
+        + (f"; stopped by the time budget ({meta['num_blocks_requested']} requested)"
+           if meta["num_blocks"] < meta["num_blocks_requested"] else ""),
         f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32, same blocks (paired)",
         f"- 95% intervals: paired block bootstrap, {meta['bootstrap_reps']} replicates, seed {meta['bootstrap_seed']}",
         f"- device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}; "
@@ -417,6 +432,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--from-cache", type=Path, help="load model and tokens written by --export (no gguf needed)")
     parser.add_argument("--export", type=Path, help="write model + tokens for --from-cache into this folder and exit")
     parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--time-budget-s", type=float,
+                        help="start no new block past this many seconds (all runs keep the same blocks)")
     args = parser.parse_args(argv)
     if args.compare_kernels and args.device != "cuda":
         parser.error("--compare-kernels needs --device cuda")
@@ -436,8 +453,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     started = time.perf_counter()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
+        # The fp32 baseline and the simulator must not silently drop to TF32 matmuls.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     if args.from_cache:
         workload = load_from_cache(args.from_cache)
     else:
@@ -450,15 +471,17 @@ def main(argv=None) -> dict | None:
     blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
     runs = plan_runs(args.modes, args.compare_kernels)
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
-    report = run_study(workload, blocks, runs)
+    report = run_study(workload, blocks, runs, args.time_budget_s)
+    blocks_done = report.pop("blocks_done")
     import transformers
 
     report["meta"] = dict(
         workload.provenance,
         tag=args.tag,
         block_size=args.block_size,
-        num_blocks=len(blocks),
-        block_indices=indices,
+        num_blocks=blocks_done,
+        num_blocks_requested=len(blocks),
+        block_indices=indices[:blocks_done],
         bootstrap_reps=BOOTSTRAP_REPS,
         bootstrap_seed=BOOTSTRAP_SEED,
         baseline=f"{BASELINE} float32",

@@ -103,6 +103,34 @@ def test_command_line_rejects_bad_combinations():
     ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                      tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    tokens = torch.randint(0, 97, (1000,))
+    workload = quality.Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
+    quality.export_cache(workload, tmp_path, dtype)
+    loaded = quality.load_from_cache(tmp_path)
+    assert torch.equal(loaded.token_ids, tokens)
+    assert loaded.provenance["model"] == f"tiny, exported as {dtype}"
+    block = tokens[:64]
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(loaded.model.get_parameter(name), param.to(dtype).float(), rtol=0, atol=0)
+    original = quality.score_block(model, block, "sdpa")
+    reloaded = quality.score_block(loaded.model, block, "sdpa")
+    if dtype == torch.float32:
+        assert torch.equal(original.nll, reloaded.nll)
+    else:
+        assert not torch.equal(original.nll, reloaded.nll)
+        assert abs(quality.mean_kl(original, reloaded)) < 1e-2
+    with pytest.raises(FileNotFoundError, match="--export"):
+        quality.load_from_cache(tmp_path / "missing")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The real slice: SmolLM2-135M on three 512-token blocks of the Python docs.
 
