@@ -7,8 +7,16 @@ same kernel with online softmax, exact exp2 and unquantized BF16 operands (``mx_
 checked but not used).
 
 Q and K are MX-quantized along head_dim and V along keys (per sequence) here, before the launch,
-into e4m3-container elements and E8M0 bytes (see Note [MX dots, per architecture] in ``kernel.py``);
-P is quantized inside the kernel.
+into e4m3-container elements (``torch.float8_e4m3fn``) and E8M0 bytes (uint8); P is quantized inside
+the kernel. ``dot_mode`` picks how the kernel multiplies them (Note [MX dots, per architecture] in
+``kernel.py``): ``"scaled"`` (native MX dots: gfx950, NVIDIA capability >= 10), ``"fp8"`` (Hopper's
+FP8 tensor cores, block scales outside 32-wide dots; the default on capability 9.x) or ``"bf16"``
+(exactly dequantized BF16 dots: the default elsewhere, and the fallback). For ``"fp8"`` V's elements
+are stored transposed (keys contiguous).
+
+Host synchronisation: nothing here reads a GPU tensor back, except the varlen entry's checks of the
+contents of ``cu_seqlens_q``/``cu_seqlens_k`` with ``validate=True`` (one sync per call, and it breaks
+CUDA-graph capture); callers that already know their offsets are well formed pass ``validate=False``.
 
 On a CPU tensor the kernel runs only under Triton's interpreter (``TRITON_INTERPRET=1`` set before
 ``triton`` is imported): that is how the tests run it without a GPU.
@@ -28,10 +36,12 @@ from fa4_rowmax.fused_softmax import (
 )
 from fa4_rowmax.mx import ELEMENT_FORMATS, MX_BLOCK, exact_pow2, quantize_mx, rceil_scale_exponent, round_to_element
 
-__all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "HEAD_DIMS", "TILE_SIZES"]
+__all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "DOT_MODES", "HEAD_DIMS", "TILE_SIZES"]
 
 HEAD_DIMS = (32, 64, 128, 256)
 TILE_SIZES = (32, 64, 128)
+DOT_MODES = ("bf16", "fp8", "scaled")
+_E4M3 = ELEMENT_FORMATS["e4m3"]
 
 
 def _interpreting() -> bool:
@@ -60,20 +70,39 @@ def _check_tensors(q, k, v, rank: int, layout: str):
                          f"({heads_k}, {v.shape[-2]}, equal)")
 
 
-def _default_dot_scaled(device: torch.device) -> bool:
-    """Native MX dots: gfx950 (MI350/MI355) and NVIDIA compute capability >= 10. Elsewhere, BF16 dots
-    on exactly dequantized operands (see Note [MX dots, per architecture])."""
+def _default_dot_mode(device: torch.device) -> str:
+    """Native MX dots ("scaled") on gfx950 (MI350/MI355) and NVIDIA compute capability >= 10; FP8 dots
+    on capability 9.x (Hopper); BF16 dots on exactly dequantized operands elsewhere, the interpreter
+    included (see Note [MX dots, per architecture])."""
     if device.type != "cuda":
-        return False
+        return "bf16"
     props = torch.cuda.get_device_properties(device)
     if getattr(torch.version, "hip", None):
-        return getattr(props, "gcnArchName", "").startswith("gfx950")
-    return props.major >= 10
+        return "scaled" if getattr(props, "gcnArchName", "").startswith("gfx950") else "bf16"
+    if props.major >= 10:
+        return "scaled"
+    return "fp8" if props.major == 9 else "bf16"
+
+
+def _check_dot_mode(dot_mode) -> None:
+    if dot_mode is not None and dot_mode not in DOT_MODES:
+        raise ValueError(f"dot_mode must be None (by architecture) or one of {DOT_MODES}; got {dot_mode!r}")
+
+
+def _check_fits_e4m3(fmt: str) -> None:
+    """Every element of ``fmt`` must be an e4m3 value: the kernel's container (and the FP8 dots'
+    operand type). True for e4m3, e2m3 and e2m1; checked so that a new format cannot slip through."""
+    spec = ELEMENT_FORMATS[fmt]
+    if (spec.mantissa_bits > _E4M3.mantissa_bits or spec.max_normal > _E4M3.max_normal
+            or spec.min_normal_exponent - spec.mantissa_bits < _E4M3.min_normal_exponent - _E4M3.mantissa_bits):
+        raise ValueError(f"element format {fmt} does not fit the kernel's e4m3 container")
 
 
 def _quantize_v_per_sequence(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor):
     """V (total_k, heads_k, head_dim) in MX blocks of 32 keys that restart at every sequence.
-    Returns (elements, scale (total_blocks, heads_k, head_dim) uint8, cu_blocks (batch + 1) int32)."""
+    Returns (elements, scale (blocks, heads_k, head_dim) uint8, cu_blocks (batch + 1) int32). ``blocks``
+    is a bound known without reading ``cu_seqlens_k`` back (each sequence ends at most one partial
+    block): the blocks past the last sequence's are never read."""
     total = v.shape[0]
     cu = cu_seqlens_k.to(torch.int64)
     blocks_per_seq = (cu[1:] - cu[:-1] + MX_BLOCK - 1) // MX_BLOCK
@@ -82,7 +111,7 @@ def _quantize_v_per_sequence(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tens
     keys = torch.arange(total, device=v.device)
     seq_of_key = torch.searchsorted(cu[1:], keys, right=True)
     block_of_key = cu_blocks[seq_of_key] + (keys - cu[seq_of_key]) // MX_BLOCK
-    num_blocks = int(cu_blocks[-1])
+    num_blocks = total // MX_BLOCK + cu.numel() - 1
 
     values = v.float()
     finite = torch.isfinite(values)
@@ -98,8 +127,18 @@ def _quantize_v_per_sequence(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tens
     return elements.to(torch.float8_e4m3fn), scale, cu_blocks.to(torch.int32)
 
 
+def _transposed_for_fp8(v_elements: torch.Tensor) -> torch.Tensor:
+    """V's elements as a (total_k, heads_k, head_dim) view of (heads_k, head_dim, keys) storage, keys
+    contiguous and padded to 16 (so the head_dim stride keeps 16-byte alignment): the FP8 dot's B
+    operand K-major (Note [MX dots, per architecture])."""
+    total, heads_k, head_dim = v_elements.shape
+    storage = torch.zeros(heads_k, head_dim, -(-total // 16) * 16, dtype=v_elements.dtype, device=v_elements.device)
+    storage[:, :, :total] = v_elements.permute(1, 2, 0)
+    return storage[:, :, :total].permute(2, 0, 1)
+
+
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale, mx_format, exact,
-            recovery_threshold, tile_n, dot_scaled, return_recoveries):
+            recovery_threshold, tile_n, dot_mode, return_recoveries):
     """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
     import triton
     import triton.language as tl
@@ -116,7 +155,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a finite positive number; got {softmax_scale}")
-    dot_scaled = _default_dot_scaled(q.device) if dot_scaled is None else bool(dot_scaled)
+    _check_dot_mode(dot_mode)
+    dot_mode = _default_dot_mode(q.device) if dot_mode is None else dot_mode
 
     batch = cu_seqlens_q.numel() - 1
     heads_q, heads_k = q.shape[1], k.shape[1]
@@ -129,10 +169,14 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
         cu_blocks = torch.zeros_like(cu_seqlens_k)
     else:
         fmt = operand_element_format(mx_format)
+        _check_fits_e4m3(fmt)
+        _check_fits_e4m3(p_element_format(mx_format))
         q_scale, q_elements = quantize_mx(q, fmt, dim=-1)
         k_scale, k_elements = quantize_mx(k, fmt, dim=-1)
         q_in, k_in = q_elements.to(torch.float8_e4m3fn), k_elements.to(torch.float8_e4m3fn)
         v_in, v_scale, cu_blocks = _quantize_v_per_sequence(v, fmt, cu_seqlens_k)
+        if dot_mode == "fp8":
+            v_in = _transposed_for_fp8(v_in)
     p_spec = ELEMENT_FORMATS[p_element_format(mx_format)]
     p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
 
@@ -143,13 +187,13 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     _fused_softmax_attn_fwd[grid](
         q_in, k_in, v_in, q_scale, k_scale, v_scale, out, lse, recoveries,
         cu_seqlens_q, cu_seqlens_k, cu_blocks,
-        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1), v_in.stride(2),
         q_scale.stride(0), q_scale.stride(1), k_scale.stride(0), k_scale.stride(1),
         v_scale.stride(0), v_scale.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         softmax_scale * math.log2(math.e), recovery_threshold,
         GROUP=heads_q // heads_k, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tile_n,
-        CAUSAL=causal, EXACT=exact, DOT_SCALED=dot_scaled, RETURN_RECOVERIES=return_recoveries,
+        CAUSAL=causal, EXACT=exact, DOT_MODE=dot_mode, RETURN_RECOVERIES=return_recoveries,
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits, P_MIN_EXPONENT=p_spec.min_normal_exponent, P_MAX_NORMAL=p_spec.max_normal,
         P_MAX_MANTISSA_BITS=p_max_bits & 0x7FFFFF, P_MAX_EXPONENT=((p_max_bits >> 23) & 0xFF) - 127,
@@ -160,14 +204,15 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
 
 def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
                             mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
-                            return_lse: bool = True, tile_n: int = 128, dot_scaled: Optional[bool] = None,
+                            return_lse: bool = True, tile_n: int = 128, dot_mode: Optional[str] = None,
                             return_recoveries: bool = False):
     """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
     heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
     masks aligned bottom-right. Returns ``(out, lse)`` (lse float32 (batch, heads_q, seqlen_q), natural
     log), or ``out`` alone with ``return_lse=False``; with ``return_recoveries=True`` a third tensor
     (int32, like lse) counts the recoveries per row. ``tile_n`` is the KV tile (the frozen max comes
-    from the first one); ``dot_scaled`` picks the dot strategy (None: by architecture)."""
+    from the first one); ``dot_mode`` picks the dot strategy, one of ``DOT_MODES`` (None: by
+    architecture; see the module docstring)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
@@ -179,7 +224,7 @@ def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Opt
     out, lse, recoveries = _launch(
         q.reshape(batch * seqlen_q, heads_q, head_dim), k.reshape(batch * seqlen_k, -1, head_dim),
         v.reshape(batch * seqlen_k, -1, head_dim), cu_q, cu_k, seqlen_q, causal, softmax_scale, mx_format, exact,
-        recovery_threshold, tile_n, dot_scaled, return_recoveries)
+        recovery_threshold, tile_n, dot_mode, return_recoveries)
     out = out.reshape(batch, seqlen_q, heads_q, head_dim)
     lse = lse.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
     result = (out, lse) if return_lse else (out,)
@@ -191,29 +236,36 @@ def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Opt
 def fused_softmax_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                                    causal: bool = False, softmax_scale: Optional[float] = None,
                                    mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
-                                   return_lse: bool = True, tile_n: int = 128, dot_scaled: Optional[bool] = None,
-                                   return_recoveries: bool = False):
+                                   return_lse: bool = True, tile_n: int = 128, dot_mode: Optional[str] = None,
+                                   return_recoveries: bool = False, validate: bool = True):
     """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
     (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries
     like lse with ``return_recoveries=True``). ``max_seqlen_k`` is accepted for FlashAttention's
-    signature; the kernel reads the key lengths from ``cu_seqlens_k``."""
+    signature; the kernel reads the key lengths from ``cu_seqlens_k``.
+
+    ``validate=True`` checks the offsets' contents (start at 0, never decrease, end at the token
+    counts, no query sequence longer than ``max_seqlen_q``): a host read of GPU data, so one sync per
+    call and no CUDA-graph capture. ``validate=False`` skips exactly those checks (shapes, dtypes and
+    devices are still checked, for free); the caller then guarantees them, or the kernel reads out of
+    bounds (bad offsets) or leaves rows unwritten (``max_seqlen_q`` too small)."""
     _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
             raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 >= 2 offsets")
         if cu.device != q.device:
             raise ValueError(f"{name} must be on q's device ({q.device}); got {cu.device}")
-        if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        if validate and (int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any())):
             raise ValueError(f"{name} must start at 0, never decrease and end at {total}")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
-    lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    if int(lengths_q.max()) > max_seqlen_q:
-        raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is below the longest query sequence ({int(lengths_q.max())})")
+    if validate:
+        longest_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+        if longest_q > max_seqlen_q:
+            raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is below the longest query sequence ({longest_q})")
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"k and v must have the same number of tokens; got {k.shape[0]} and {v.shape[0]}")
     out, lse, recoveries = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), causal, softmax_scale,
-                                   mx_format, exact, recovery_threshold, tile_n, dot_scaled, return_recoveries)
+                                   mx_format, exact, recovery_threshold, tile_n, dot_mode, return_recoveries)
     result = (out, lse) if return_lse else (out,)
     if return_recoveries:
         result += (recoveries,)

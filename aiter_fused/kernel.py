@@ -8,20 +8,41 @@ Note [MX dots, per architecture]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Operands arrive pre-quantized (``attention.py``): elements in an e4m3 container, one E8M0 byte per
 block of 32 along the reduction dim. e2m3 and e2m1 values are all exactly representable in e4m3, so
-one container serves every format without changing a value. Two dot strategies, chosen on the host
-(``DOT_SCALED``):
-- ``DOT_SCALED=True``: ``tl.dot_scaled`` with the block scales: native MX MFMA on gfx950 (and
-  Blackwell), Triton's own emulation elsewhere (it upcasts to bf16). All formats go in as e4m3:
-  exact, but gfx950's faster fp6/fp4 MFMA rates are left unused (Triton 3.x's ``dot_scaled`` takes no
-  e2m3, and e2m1 would need packing along K).
-- ``DOT_SCALED=False``: the elements are dequantized in registers (``element * 2**scale``, exact in
-  BF16: at most 4 significant bits and fp32's exponent range) and fed to an ordinary BF16 ``tl.dot``
-  (fp32 accumulation): exact MX semantics on any GPU with BF16 tensor cores, the default on Hopper.
-  Hopper's FP8 tensor cores would need the scales outside the dot, which is only possible with a
-  reduction block of 32 (the scale changes every 32 keys / head-dim lanes); see the report.
-``DOT_DTYPE`` is the operand type of the ordinary dots: BF16 on GPUs; fp32 under Triton's CPU
+one container serves every format without changing a value. Three dot strategies (``DOT_MODE``),
+chosen on the host:
+- ``"scaled"``: ``tl.dot_scaled`` with the block scales: native MX MFMA/MMA on gfx950 and Blackwell,
+  Triton's own emulation elsewhere (it upcasts to bf16). All formats go in as e4m3: exact, but
+  gfx950's faster fp6/fp4 rates are left unused (Triton 3.x's ``dot_scaled`` takes no e2m3, and e2m1
+  would need packing along K).
+- ``"fp8"``: Hopper's FP8 tensor cores, block scales applied outside the dots. A block scale is
+  constant over 32 elements of the reduction dim and one FP8 MMA step reduces over K = 32, so each
+  dot covers exactly one scale block and its fp32 result takes the two scales as one exact power of
+  two afterwards: ``S = sum_c (s_q[:, c] outer s_k[:, c]) * dot(Q_c, K_c^T)`` over head-dim chunks
+  ``c`` and ``O += sum_b (s_p[:, b] outer s_v[b, :]) * dot(P_b, V_b)`` over 32-key chunks ``b``. The
+  KV tile is processed in sub-tiles of 32 keys, so every chunk of S and P is its own register tensor
+  (no reshape or split of a wider tile); the tile max, the recovery and the frozen max are still
+  per ``BLOCK_N`` tile, after all sub-tiles' scores exist. Products of e4m3 elements are exact in
+  fp32 (at most 8 significant bits); see Note [FP8 accumulation] for the sums. V arrives transposed
+  (keys contiguous) so that both FP8 B operands are K-major, the layout Hopper's wgmma needs.
+- ``"bf16"``: the elements are dequantized in registers (``element * 2**scale``, exact in BF16: at
+  most 4 significant bits and fp32's exponent range) and fed to an ordinary BF16 ``tl.dot`` (fp32
+  accumulation): exact MX semantics on any GPU with BF16 tensor cores.
+``DOT_DTYPE`` is the operand type of the ordinary BF16 dots: BF16 on GPUs; fp32 under Triton's CPU
 interpreter, whose ``tl.dot`` multiplies BF16 operands as their raw uint16 storage (Triton 3.x,
 ``interpreter.create_dot``). The operands hold BF16 values either way, so the products are the same.
+The interpreter's FP8 dot converts e4m3 to fp16 (exact) and multiplies in fp32: no workaround needed.
+
+Note [FP8 accumulation]
+~~~~~~~~~~~~~~~~~~~~~~~
+Each 32-element FP8 dot starts from a zero accumulator and is added to the fp32 scores/output by an
+ordinary fp32 multiply-add (the scale factor is a power of two, so the product is exact): the only
+sums done inside the tensor core are the 32 products of one scale block. Hopper's FP8 MMA keeps
+fewer than fp32's 24 bits while it adds those products (about 14, per DeepSeek-V3's report), so on
+the GPU a 32-product sum can be off by about 2**-14 of its largest product, where the BF16 path is
+off by fp32 rounding only. Through the Schraudolph bits (steps of 2**-7 in log2 units) that moves a
+few more P elements by one step of their grid; the kernel still agrees with the reference "to
+rounding" (same tolerances; ``scripts/aiter_fused_numerics.py`` measures it on the GPU). Under the
+interpreter the sums are fp32.
 
 Note [Kernel rounding vs the reference]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -36,14 +57,30 @@ One difference in sign only: a negative value that rounds to zero is +0 here, -0
 import triton
 import triton.language as tl
 
-_ROUND_MAGIC = 12582912.0  # 1.5 * 2**23: x + it - it rounds x to an integer, ties to even
-_SCHRAUDOLPH_MAGIC = 12599168.0  # 1.5 * 2**23 + 127 * 128
+# Module constants must be tl.constexpr to be visible inside @triton.jit code on a GPU (the
+# interpreter reads plain globals too, so only a GPU build or tests/...::test_kernel_compiles_for_sm90
+# catches a plain float here).
+_ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it - it rounds x to an integer, ties to even
+_SCHRAUDOLPH_MAGIC = tl.constexpr(12599168.0)  # 1.5 * 2**23 + 127 * 128
 
 
 @triton.jit
 def _pow2(exponent):
     """2**exponent (int32, in [-126, 127]) as fp32, from the bits."""
     return ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e8m0_factor(exponent):
+    """2**exponent for an unbiased E8M0 exponent in [-127, 127] (2**-127 is an fp32 subnormal)."""
+    return _pow2(tl.maximum(exponent, -126)) * tl.where(exponent < -126, 0.5, 1.0)
+
+
+@triton.jit
+def _scale_byte_factor(scale_byte):
+    """The factor of a biased E8M0 byte: 2**(byte - 127); byte 255 (NaN) gives NaN."""
+    factor = _e8m0_factor(scale_byte.to(tl.int32) - 127)
+    return tl.where(scale_byte == 255, float("nan"), factor)
 
 
 @triton.jit
@@ -62,8 +99,10 @@ def _rceil_exponent(amax, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.cons
 
 @triton.jit
 def _round_to_element(v, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr):
-    """Round fp32 v to the element grid, ties to even, saturating. See Note [Kernel rounding vs the reference]."""
-    v = tl.minimum(tl.maximum(v, -MAX_NORMAL), MAX_NORMAL)
+    """Round fp32 v to the element grid, ties to even, saturating; NaN stays NaN (a plain GPU min/max
+    would return the bound and hide a NaN score). See Note [Kernel rounding vs the reference]."""
+    v = tl.minimum(tl.maximum(v, -MAX_NORMAL, propagate_nan=tl.PropagateNan.ALL), MAX_NORMAL,
+                   propagate_nan=tl.PropagateNan.ALL)
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     exponent = tl.maximum(exponent, MIN_EXPONENT)
     t = v * _pow2(MANTISSA - exponent)
@@ -84,38 +123,81 @@ def _quantize_p(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MANTISSA: tl.co
 
 
 @triton.jit
+def _quantize_p_block(p, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
+                      MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+    """``_quantize_p`` for one MX block of P ([M, 32]). Returns (elements, scale exponents [M])."""
+    exponent = _rceil_exponent(tl.max(p, axis=1), MAX_MANTISSA_BITS, MAX_EXPONENT)
+    elements = _round_to_element(p * _pow2(-exponent)[:, None], MANTISSA, MIN_EXPONENT, MAX_NORMAL)
+    return elements, exponent
+
+
+@triton.jit
 def _dequantize_p(elements, exponent, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     blocks = tl.reshape(elements, (BLOCK_M, BLOCK_N // 32, 32))
-    factor = _pow2(tl.maximum(exponent, -126)) * tl.where(exponent < -126, 0.5, 1.0)
-    return tl.reshape(blocks * factor[:, :, None], (BLOCK_M, BLOCK_N))
+    return tl.reshape(blocks * _e8m0_factor(exponent)[:, :, None], (BLOCK_M, BLOCK_N))
 
 
 @triton.jit
 def _dequantize(elements, scale_byte):
     """e4m3-container elements times 2**(scale - 127); scale byte 255 (NaN) gives NaN."""
-    exponent = scale_byte.to(tl.int32) - 127
-    factor = _pow2(tl.maximum(exponent, -126)) * tl.where(exponent < -126, 0.5, 1.0)
-    factor = tl.where(scale_byte == 255, float("nan"), factor)
-    return elements.to(tl.float32) * factor
+    return elements.to(tl.float32) * _scale_byte_factor(scale_byte)
+
+
+@triton.jit
+def _frozen_max_step(m, tile_max, acc, row_sum, recoveries, recovery_threshold):
+    """Note [Frozen reference max]: the tile max is always computed, the max moves only on a recovery
+    (or when it is set for the first time), and the rescale runs only then."""
+    first = (m == float("-inf")) & (tile_max > float("-inf"))
+    recovered = (m > float("-inf")) & (tile_max > m + recovery_threshold)
+    m_new = tl.where(first | recovered, tile_max, m)
+    if tl.max(recovered.to(tl.int32), axis=0) > 0:
+        alpha = tl.where(recovered, tl.exp2(m - m_new), 1.0)
+        acc = acc * alpha[:, None]
+        row_sum = row_sum * alpha
+    return m_new, acc, row_sum, recoveries + recovered.to(tl.int32)
+
+
+@triton.jit
+def _schraudolph_p(x, m):
+    """Note [Schraudolph exp2 as BF16 bits]: P = 2**(x - m) as BF16 bits, returned in fp32; masked
+    scores (x = -inf) give 0."""
+    y = x - m[:, None]
+    y_clamped = tl.minimum(tl.maximum(y, -128.0), 128.0)
+    bits = (y_clamped * 128.0 + _SCHRAUDOLPH_MAGIC) - _ROUND_MAGIC
+    bits = tl.minimum(tl.maximum(bits, 0.0), 32640.0)
+    p = bits.to(tl.int32).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    p = tl.where(y == y, p, float("nan"))
+    return tl.where(x == float("-inf"), 0.0, p)
+
+
+@triton.jit
+def _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL: tl.constexpr):
+    """Scores in log2 units, -inf where the key is past the sequence or causally masked."""
+    visible = row_ok[:, None] & (keys < seqlen_k)[None, :]
+    if CAUSAL:  # bottom-right aligned: row i sees keys j <= i + seqlen_k - seqlen_q
+        visible = visible & (keys[None, :] <= offs_m[:, None] + seqlen_k - seqlen_q)
+    return tl.where(visible, s * scale_log2, float("-inf"))
 
 
 @triton.jit
 def _fused_softmax_attn_fwd(
     Q, K, V, Q_scale, K_scale, V_scale, Out, Lse, Recoveries,
     cu_seqlens_q, cu_seqlens_k, cu_blocks_k,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd,
     stride_qst, stride_qsh, stride_kst, stride_ksh, stride_vsb, stride_vsh,
     stride_ot, stride_oh, stride_lh,
     scale_log2, recovery_threshold,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EXACT: tl.constexpr, DOT_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    CAUSAL: tl.constexpr, EXACT: tl.constexpr, DOT_MODE: tl.constexpr, DOT_DTYPE: tl.constexpr,
     RETURN_RECOVERIES: tl.constexpr,
     P_MANTISSA: tl.constexpr, P_MIN_EXPONENT: tl.constexpr, P_MAX_NORMAL: tl.constexpr,
     P_MAX_MANTISSA_BITS: tl.constexpr, P_MAX_EXPONENT: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one sequence and one query head. Varlen layout throughout
-    (dense inputs arrive flattened). EXACT: the same loop with online softmax and exact exp2 on the
-    unquantized BF16 operands (the like-for-like baseline)."""
+    (dense inputs arrive flattened); V is addressed through three strides (token, head, head_dim) so
+    that the FP8 path can take it transposed. EXACT: the same loop with online softmax and exact exp2
+    on the unquantized BF16 operands (the like-for-like baseline); DOT_MODE: Note [MX dots, per
+    architecture]."""
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head_q = tl.program_id(2)
@@ -131,102 +213,130 @@ def _fused_softmax_attn_fwd(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_ds = tl.arange(0, HEAD_DIM // 32)
+    offs_b = tl.arange(0, 32)  # one MX block
     row_ok = offs_m < seqlen_q
 
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(Q + q_rows[:, None] * stride_qt + head_q * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q_row_ptrs = Q + q_rows[:, None] * stride_qt + head_q * stride_qh
+    q_scale_ptrs = Q_scale + q_rows * stride_qst + head_q * stride_qsh
     if EXACT:
-        q = q.to(DOT_DTYPE)
+        q = tl.load(q_row_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+    elif DOT_MODE == "fp8":
+        # Q stays in registers as HEAD_DIM / 32 chunks of fp8 elements, each with its row factors.
+        q_chunks = ()
+        q_factors = ()
+        for c in tl.static_range(HEAD_DIM // 32):
+            q_chunks = q_chunks + (tl.load(q_row_ptrs + (32 * c + offs_b)[None, :], mask=row_ok[:, None],
+                                           other=0.0),)
+            q_factors = q_factors + (_scale_byte_factor(tl.load(q_scale_ptrs + c, mask=row_ok, other=127)),)
+    elif DOT_MODE == "scaled":
+        q = tl.load(q_row_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q_scale = tl.load(q_scale_ptrs[:, None] + offs_ds[None, :], mask=row_ok[:, None], other=127)
     else:
-        if DOT_SCALED:
-            q_scale = tl.load(Q_scale + q_rows[:, None] * stride_qst + head_q * stride_qsh + offs_ds[None, :],
-                              mask=row_ok[:, None], other=127)
-        else:
-            q_scale = tl.load(Q_scale + q_rows[:, None] * stride_qst + head_q * stride_qsh + (offs_d // 32)[None, :],
-                              mask=row_ok[:, None], other=127)
-            q = _dequantize(q, q_scale).to(tl.bfloat16).to(DOT_DTYPE)
+        q = tl.load(q_row_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q_scale = tl.load(q_scale_ptrs[:, None] + (offs_d // 32)[None, :], mask=row_ok[:, None], other=127)
+        q = _dequantize(q, q_scale).to(tl.bfloat16).to(DOT_DTYPE)
 
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     row_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     recoveries = tl.zeros((BLOCK_M,), tl.int32)
 
-    # Causal, bottom-right aligned: row i sees keys j <= i + seqlen_k - seqlen_q.
     kv_end = seqlen_k
     if CAUSAL:
         kv_end = tl.minimum(seqlen_k, (block_m + 1) * BLOCK_M + seqlen_k - seqlen_q)
     v_block0 = tl.load(cu_blocks_k + seq)
+    k_head = K + head_k * stride_kh
+    v_head = V + head_k * stride_vh
+    v_scale_head = V_scale + head_k * stride_vsh
     for n_start in range(0, kv_end, BLOCK_N):
-        keys = n_start + offs_n
-        key_ok = keys < seqlen_k
-        k_rows = (k_start + keys).to(tl.int64)
-        k = tl.load(K + k_rows[None, :] * stride_kt + head_k * stride_kh + offs_d[:, None],
-                    mask=key_ok[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
-        v = tl.load(V + k_rows[:, None] * stride_vt + head_k * stride_vh + offs_d[None, :],
-                    mask=key_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
         if EXACT:
-            s = tl.dot(q, k.to(DOT_DTYPE))
-        elif DOT_SCALED:
-            k_scale = tl.load(K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
-                              mask=key_ok[:, None], other=127)
-            s = tl.dot_scaled(q, q_scale, "e4m3", k, k_scale, "e4m3")
-        else:
-            k_scale = tl.load(K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh + (offs_d // 32)[:, None],
-                              mask=key_ok[None, :], other=127)
-            s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
-        x = s * scale_log2
-        visible = row_ok[:, None] & key_ok[None, :]
-        if CAUSAL:
-            visible = visible & (keys[None, :] <= offs_m[:, None] + seqlen_k - seqlen_q)
-        x = tl.where(visible, x, float("-inf"))
-        tile_max = tl.max(x, axis=1)
-
-        if EXACT:
-            m_new = tl.maximum(m, tile_max)
+            keys = n_start + offs_n
+            k_rows = (k_start + keys).to(tl.int64)
+            k = tl.load(k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=(keys < seqlen_k)[None, :],
+                        other=0.0)
+            v = tl.load(v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=(keys < seqlen_k)[:, None], other=0.0)
+            x = _visible_scores(tl.dot(q, k.to(DOT_DTYPE)), scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k,
+                                CAUSAL)
+            m_new = tl.maximum(m, tl.max(x, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m - m_safe)
             p = tl.exp2(x - m_safe[:, None])
             row_sum = row_sum * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16).to(DOT_DTYPE), v.to(DOT_DTYPE))
             m = m_new
+        elif DOT_MODE == "fp8":
+            # Scores of the tile, one 32-key sub-tile at a time, each the sum of HEAD_DIM / 32 scaled
+            # FP8 dots (Note [MX dots, per architecture]).
+            x_blocks = ()
+            tile_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            for b in tl.static_range(BLOCK_N // 32):
+                keys = n_start + 32 * b + offs_b
+                key_ok = keys < seqlen_k
+                k_rows = (k_start + keys).to(tl.int64)
+                s = tl.zeros((BLOCK_M, 32), tl.float32)
+                for c in tl.static_range(HEAD_DIM // 32):
+                    k_chunk = tl.load(k_head + k_rows[None, :] * stride_kt + (32 * c + offs_b)[:, None],
+                                      mask=key_ok[None, :], other=0.0)  # [32 head-dim lanes, 32 keys]
+                    k_factor = _scale_byte_factor(tl.load(K_scale + k_rows * stride_kst + head_k * stride_ksh + c,
+                                                          mask=key_ok, other=127))
+                    s += (q_factors[c][:, None] * k_factor[None, :]) * tl.dot(q_chunks[c], k_chunk)
+                x = _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL)
+                tile_max = tl.maximum(tile_max, tl.max(x, axis=1))
+                x_blocks = x_blocks + (x,)
+            m, acc, row_sum, recoveries = _frozen_max_step(m, tile_max, acc, row_sum, recoveries, recovery_threshold)
+            # Note [Two-stage P and the row sum], one MX block of P per sub-tile. The row sum adds the
+            # block's elements and then scales (exact: at most 32 * 448 in steps of 2**-9).
+            for b in tl.static_range(BLOCK_N // 32):
+                p_elements, p_exponent = _quantize_p_block(_schraudolph_p(x_blocks[b], m), P_MANTISSA,
+                                                           P_MIN_EXPONENT, P_MAX_NORMAL, P_MAX_MANTISSA_BITS,
+                                                           P_MAX_EXPONENT)
+                p_factor = _e8m0_factor(p_exponent)
+                row_sum += tl.sum(p_elements, axis=1) * p_factor
+                keys = n_start + 32 * b + offs_b
+                v_chunk = tl.load(v_head + (k_start + keys).to(tl.int64)[:, None] * stride_vt
+                                  + offs_d[None, :] * stride_vd, mask=(keys < seqlen_k)[:, None], other=0.0)
+                v_block = v_block0 + (n_start + 32 * b) // 32
+                block_ok = tl.full((HEAD_DIM,), n_start + 32 * b, tl.int32) < seqlen_k
+                v_factor = _scale_byte_factor(tl.load(v_scale_head + v_block.to(tl.int64) * stride_vsb + offs_d,
+                                                      mask=block_ok, other=127))
+                acc += (p_factor[:, None] * v_factor[None, :]) * tl.dot(p_elements.to(tl.float8e4nv), v_chunk)
         else:
-            # Note [Frozen reference max]: the tile max is always computed, the max moves only on a
-            # recovery (or when it is set for the first time), and the rescale runs only then.
-            first = (m == float("-inf")) & (tile_max > float("-inf"))
-            recovered = (m > float("-inf")) & (tile_max > m + recovery_threshold)
-            m_new = tl.where(first | recovered, tile_max, m)
-            if tl.max(recovered.to(tl.int32), axis=0) > 0:
-                alpha = tl.where(recovered, tl.exp2(m - m_new), 1.0)
-                acc = acc * alpha[:, None]
-                row_sum = row_sum * alpha
-            recoveries += recovered.to(tl.int32)
-            m = m_new
-
-            # Note [Schraudolph exp2 as BF16 bits]
-            y = x - m[:, None]
-            y_clamped = tl.minimum(tl.maximum(y, -128.0), 128.0)
-            bits = (y_clamped * 128.0 + _SCHRAUDOLPH_MAGIC) - _ROUND_MAGIC
-            bits = tl.minimum(tl.maximum(bits, 0.0), 32640.0)
-            p = bits.to(tl.int32).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-            p = tl.where(y == y, p, float("nan"))
-            p = tl.where(x == float("-inf"), 0.0, p)
-
+            keys = n_start + offs_n
+            key_ok = keys < seqlen_k
+            k_rows = (k_start + keys).to(tl.int64)
+            k = tl.load(k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :],
+                        other=0.0)  # [HEAD_DIM, BLOCK_N]
+            v = tl.load(v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=key_ok[:, None],
+                        other=0.0)  # [BLOCK_N, HEAD_DIM]
+            if DOT_MODE == "scaled":
+                k_scale = tl.load(K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
+                                  mask=key_ok[:, None], other=127)
+                s = tl.dot_scaled(q, q_scale, "e4m3", k, k_scale, "e4m3")
+            else:
+                k_scale = tl.load(K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh
+                                  + (offs_d // 32)[:, None], mask=key_ok[None, :], other=127)
+                s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
+            x = _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL)
+            m, acc, row_sum, recoveries = _frozen_max_step(m, tl.max(x, axis=1), acc, row_sum, recoveries,
+                                                           recovery_threshold)
             # Note [Two-stage P and the row sum]
-            p_elements, p_exponent = _quantize_p(p, BLOCK_M, BLOCK_N, P_MANTISSA, P_MIN_EXPONENT, P_MAX_NORMAL,
-                                                 P_MAX_MANTISSA_BITS, P_MAX_EXPONENT)
+            p_elements, p_exponent = _quantize_p(_schraudolph_p(x, m), BLOCK_M, BLOCK_N, P_MANTISSA, P_MIN_EXPONENT,
+                                                 P_MAX_NORMAL, P_MAX_MANTISSA_BITS, P_MAX_EXPONENT)
             p_values = _dequantize_p(p_elements, p_exponent, BLOCK_M, BLOCK_N)
             row_sum += tl.sum(p_values, axis=1)
-            if DOT_SCALED:
+            if DOT_MODE == "scaled":
                 block_keys = n_start + 32 * tl.arange(0, BLOCK_N // 32)
                 v_blocks = v_block0 + block_keys // 32
-                v_scale = tl.load(V_scale + v_blocks[None, :].to(tl.int64) * stride_vsb + head_k * stride_vsh
-                                  + offs_d[:, None], mask=(block_keys < seqlen_k)[None, :], other=127)
+                v_scale = tl.load(v_scale_head + v_blocks[None, :].to(tl.int64) * stride_vsb + offs_d[:, None],
+                                  mask=(block_keys < seqlen_k)[None, :], other=127)
                 p_scale = (p_exponent + 127).to(tl.uint8)
                 acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, "e4m3", acc)
             else:
                 v_blocks = v_block0 + keys // 32
-                v_scale = tl.load(V_scale + v_blocks[:, None].to(tl.int64) * stride_vsb + head_k * stride_vsh
-                                  + offs_d[None, :], mask=key_ok[:, None], other=127)
+                v_scale = tl.load(v_scale_head + v_blocks[:, None].to(tl.int64) * stride_vsb + offs_d[None, :],
+                                  mask=key_ok[:, None], other=127)
                 v_values = _dequantize(v, v_scale).to(tl.bfloat16).to(DOT_DTYPE)
                 acc = tl.dot(p_values.to(tl.bfloat16).to(DOT_DTYPE), v_values, acc)
 

@@ -1,9 +1,16 @@
 """The Fused-Softmax Triton kernel against the pure reference, on Triton's CPU interpreter
 (small shapes: the interpreter runs every program in Python). On a CUDA machine the same tests run
-on the GPU."""
+on the GPU. Every dot mode runs here: "fp8" and "bf16" through the interpreter's own FP8 and (fp32
+stand-in) BF16 dots, "scaled" through Triton's emulation of ``tl.dot_scaled``; one test compiles the
+kernel for sm_90 on the CPU to check the CUDA build and its FP8 tensor-core instructions."""
 
+import json
 import math
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,14 +48,15 @@ def _assert_close_to_reference(out, lse, ref_out, ref_lse):
     assert (lse.cpu()[finite] - ref_lse[finite]).abs().max() < 1e-3
 
 
-@pytest.mark.parametrize("mx_format,causal,dot_scaled", [
-    ("mxfp8", False, False), ("mxfp6", True, True), ("mxfp4", True, False), ("mxfp4", False, True),
+@pytest.mark.parametrize("mx_format,causal,dot_mode", [
+    ("mxfp8", False, "bf16"), ("mxfp6", True, "scaled"), ("mxfp4", True, "bf16"), ("mxfp4", False, "scaled"),
+    ("mxfp8", True, "fp8"), ("mxfp6", False, "fp8"), ("mxfp4", True, "fp8"),
 ])
-def test_kernel_matches_reference(mx_format, causal, dot_scaled):
+def test_kernel_matches_reference(mx_format, causal, dot_mode):
     gen = torch.Generator().manual_seed(11)
     q, k, v = _randn(1, 37, 4, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen)
     out, lse, recoveries = fused_softmax_attention(q, k, v, causal=causal, mx_format=mx_format, tile_n=32,
-                                                   dot_scaled=dot_scaled, recovery_threshold=2.0,
+                                                   dot_mode=dot_mode, recovery_threshold=2.0,
                                                    return_recoveries=True)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (1, 4, 37)
     ref_out, ref_lse, counters = fused_softmax_attention_reference(
@@ -59,26 +67,51 @@ def test_kernel_matches_reference(mx_format, causal, dot_scaled):
     assert counters["recoveries"].sum() > 0  # threshold 2 makes recoveries happen on plain N(0, 1) data
 
 
-def test_kernel_head_dim_128_and_default_tile():
+@pytest.mark.parametrize("dot_mode", ["bf16", "fp8"])
+def test_kernel_head_dim_128_and_default_tile(dot_mode):
+    """tile_n 128: the FP8 path's four 32-key sub-tiles share one tile max (recoveries at threshold 1)."""
     gen = torch.Generator().manual_seed(12)
     q, k, v = _randn(2, 20, 2, 128, gen=gen), _randn(2, 150, 1, 128, gen=gen), _randn(2, 150, 1, 128, gen=gen)
-    out, lse = fused_softmax_attention(q, k, v, mx_format="mxfp8")
-    ref_out, ref_lse = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), mx_format="mxfp8")
+    out, lse, recoveries = fused_softmax_attention(q, k, v, mx_format="mxfp8", dot_mode=dot_mode,
+                                                   recovery_threshold=1.0, return_recoveries=True)
+    ref_out, ref_lse, counters = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), mx_format="mxfp8",
+                                                                   recovery_threshold=1.0, return_counters=True)
     _assert_close_to_reference(out, lse, ref_out, ref_lse)
+    assert torch.equal(recoveries.cpu().long(), counters["recoveries"]) and counters["recoveries"].sum() > 0
 
 
-def test_kernel_varlen_with_empty_and_fully_masked_rows():
+@pytest.mark.parametrize("dot_mode,tile_n", [("bf16", 32), ("fp8", 64)])
+def test_kernel_varlen_with_empty_and_fully_masked_rows(dot_mode, tile_n):
     gen = torch.Generator().manual_seed(13)
     cu_q = torch.tensor([0, 3, 3, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 70, 75, 85], dtype=torch.int32)  # last sequence: 37 queries, 10 keys (causal)
     q, k, v = _randn(40, 2, 32, gen=gen), _randn(85, 1, 32, gen=gen), _randn(85, 1, 32, gen=gen)
     out, lse = fused_softmax_attention_varlen(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 37, 70, causal=True,
-                                              mx_format="mxfp6", tile_n=32)
+                                              mx_format="mxfp6", tile_n=tile_n, dot_mode=dot_mode)
     ref_out, ref_lse = fused_softmax_attention_reference_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, causal=True,
-                                                                mx_format="mxfp6", tile_n=32)
+                                                                mx_format="mxfp6", tile_n=tile_n)
     assert lse.shape == (2, 40)
     assert torch.all(out[3:30].float() == 0) and torch.all(lse[:, 3:30] == -math.inf)
     _assert_close_to_reference(out, lse, ref_out, ref_lse)
+    unchecked = fused_softmax_attention_varlen(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 37, 70, causal=True,
+                                               mx_format="mxfp6", tile_n=tile_n, dot_mode=dot_mode, validate=False)
+    assert torch.equal(unchecked[0], out) and torch.equal(unchecked[1], lse)
+
+
+@pytest.mark.parametrize("poisoned", ["q", "k", "v"])
+def test_nan_input_poisons_its_rows_in_every_dot_mode(poisoned):
+    """A NaN in q poisons its row; in k or v, every row that reads its MX block (here: all of them).
+    The kernel's clamps must not turn a NaN score or P into a finite number."""
+    gen = torch.Generator().manual_seed(15)
+    q, k, v = _randn(1, 20, 2, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen)
+    {"q": q[0, 7, 1], "k": k[0, 50, 0], "v": v[0, 40, 0]}[poisoned][3] = float("nan")
+    ref_out, ref_lse = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), tile_n=32)
+    expected_rows = 1 if poisoned == "q" else 40
+    assert torch.isnan(ref_out).any(-1).sum() == expected_rows
+    for dot_mode in ("bf16", "fp8"):
+        out, lse = fused_softmax_attention(q, k, v, tile_n=32, dot_mode=dot_mode)
+        assert torch.equal(torch.isnan(out.float().cpu()), torch.isnan(ref_out)), dot_mode
+        assert torch.equal(torch.isnan(lse.cpu()), torch.isnan(ref_lse)), dot_mode
 
 
 def test_exact_build_is_bf16_attention():
@@ -94,12 +127,13 @@ def test_exact_build_is_bf16_attention():
 
 @pytest.mark.parametrize("name", ADVERSARIAL)
 def test_kernel_never_misses_a_recovery(name):
+    """FP8 path, tile_n 64: a tile max taken over two 32-key sub-tiles must see every late score."""
     q, k, v, scale = adversarial_qkv(name, 320)
     q, k, v = (t.bfloat16().to(DEVICE) for t in (q, k, v))
-    out, lse, recoveries = fused_softmax_attention(q, k, v, softmax_scale=scale, tile_n=32, mx_format="mxfp8",
-                                                   return_recoveries=True)
+    out, lse, recoveries = fused_softmax_attention(q, k, v, softmax_scale=scale, tile_n=64, mx_format="mxfp8",
+                                                   dot_mode="fp8", return_recoveries=True)
     ref_out, ref_lse, counters = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), softmax_scale=scale,
-                                                                   tile_n=32, return_counters=True)
+                                                                   tile_n=64, return_counters=True)
     assert torch.equal(recoveries.cpu().long(), counters["recoveries"])
     assert torch.isfinite(out.float()).all()
     _assert_close_to_reference(out, lse, ref_out, ref_lse)
@@ -119,6 +153,83 @@ def test_bad_arguments():
         fused_softmax_attention(q, q, q, recovery_threshold=-1.0)
     with pytest.raises(ValueError, match="tile_n"):
         fused_softmax_attention(q, q, q, tile_n=48)
+    with pytest.raises(ValueError, match="dot_mode"):
+        fused_softmax_attention(q, q, q, dot_mode="fp16")
     cu = torch.tensor([0, 8], dtype=torch.int64, device=DEVICE)
     with pytest.raises(TypeError, match="cu_seqlens_q"):
         fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8)
+    with pytest.raises(TypeError, match="cu_seqlens_q"):  # metadata checks stay on without validate
+        fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8, validate=False)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu, 7, 8)
+    with pytest.raises(ValueError, match="cu_seqlens_k must start at 0"):
+        fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu.flip(0), 8, 8)
+
+
+_SM90_COMPILE = textwrap.dedent("""
+    import json, re, triton, triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from aiter_fused.kernel import _fused_softmax_attn_fwd as kernel
+    pointers = dict(Q="*fp8e4nv", K="*fp8e4nv", V="*fp8e4nv", Q_scale="*u8", K_scale="*u8", V_scale="*u8",
+                    Out="*bf16", Lse="*fp32", Recoveries="*i32", cu_seqlens_q="*i32", cu_seqlens_k="*i32",
+                    cu_blocks_k="*i32")
+    instructions = {}
+    for mode in ("fp8", "bf16"):
+        constants = dict(GROUP=2, HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, EXACT=False, DOT_MODE=mode,
+                         DOT_DTYPE=tl.bfloat16, RETURN_RECOVERIES=True, P_MANTISSA=3, P_MIN_EXPONENT=0,
+                         P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2)
+        signature = {name: pointers.get(name, "constexpr" if name in constants else
+                                        "fp32" if name in ("scale_log2", "recovery_threshold") else "i32")
+                     for name in kernel.arg_names}
+        compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+        instructions[mode] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", compiled.asm["ptx"])))
+    print(json.dumps(instructions))
+""")
+
+
+def test_kernel_compiles_for_sm90(tmp_path):
+    """The CUDA build on the CPU (no GPU needed; Triton ships ptxas): the source compiles for sm_90 with
+    no architecture keyword and no plain-float global (the interpreter accepts both), and each mode's
+    dots become Hopper wgmma instructions of its operand type: e4m3 x e4m3 -> f32 for "fp8" (QK^T in
+    m64n32k32 sub-tiles, P@V m64n64k32), bf16 for "bf16". A subprocess: this module runs Triton in
+    interpreter mode."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    result = subprocess.run([sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    instructions = json.loads(result.stdout.strip().splitlines()[-1])
+    assert instructions["fp8"] == ["wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3",
+                                   "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], instructions
+    assert instructions["bf16"] and all(name.endswith(".f32.bf16.bf16") for name in instructions["bf16"]), instructions
+
+
+@pytest.mark.gpu
+def test_default_dot_mode_and_no_host_sync():
+    """FP8 dots by default on Hopper; neither entry reads the GPU back (validate=False for varlen), so
+    the calls are CUDA-graph capturable: torch's sync debug mode turns any sync into an error."""
+    from aiter_fused.attention import _default_dot_mode
+
+    major = torch.cuda.get_device_capability()[0]
+    if torch.version.hip is None:
+        assert _default_dot_mode(torch.device("cuda")) == {9: "fp8"}.get(major, "scaled" if major >= 10 else "bf16")
+    gen = torch.Generator().manual_seed(16)
+    q, k, v = _randn(2, 100, 4, 64, gen=gen), _randn(2, 90, 2, 64, gen=gen), _randn(2, 90, 2, 64, gen=gen)
+    cu_q = torch.tensor([0, 100, 200], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 90, 180], dtype=torch.int32, device=DEVICE)
+    for dot_mode in ("bf16", "fp8"):
+        fused_softmax_attention(q, k, v, dot_mode=dot_mode)  # compile outside the checked region
+        fused_softmax_attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 100, 90,
+                                       dot_mode=dot_mode, validate=False)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            dense, _ = fused_softmax_attention(q, k, v, dot_mode=dot_mode)
+            packed, _ = fused_softmax_attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
+                                                       100, 90, dot_mode=dot_mode, validate=False)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(dense.flatten(0, 1), packed)
