@@ -1,12 +1,16 @@
 """GPU numerics check of the Fused-Softmax Triton kernel (aiter_fused) in one command.
 
 For every MX format, causal and not, head_dim 64 and 128, MHA and GQA, odd sequence lengths, dense
-and varlen, and both dot strategies (``dot_scaled`` and BF16 dots on dequantized operands):
+and varlen, and every dot mode (``aiter_fused.attention.DOT_MODES``: "fp8" = FP8 tensor-core dots
+with the block scales outside, the Hopper default; "bf16" = BF16 dots on exactly dequantized
+operands; "scaled" = ``tl.dot_scaled``, emulated by Triton below Blackwell):
   - kernel vs the pure reference (fa4_rowmax.fused_softmax, run on the same GPU in fp32): relative
-    output error, max LSE difference, recovery counts equal; pass/fail against rounding tolerances;
+    output error, max LSE difference, recovery counts equal; pass/fail against rounding tolerances
+    (the same for every mode: the FP8 path must match the reference like the BF16 path does);
   - kernel vs BF16 attention (the kernel's own exact build, and a torch fp32 softmax reference):
-    relative output error ||O - O_bf16||_F / ||O_bf16||_F per format;
-  - an indicative timing of the fused kernel vs its exact build at one long shape.
+    relative output error ||O - O_bf16||_F / ||O_bf16||_F per format and dot mode;
+  - the FP8 path vs the BF16 path on the same inputs (what Hopper's FP8 accumulation changes);
+  - an indicative timing of the fused kernel per dot mode vs its exact build at one long shape.
 Writes ``numerics.json`` and ``numerics.log`` to the directory given on the command line; exits 1 if
 any check fails.
 
@@ -19,12 +23,18 @@ import math
 import sys
 import zlib
 from pathlib import Path
+from statistics import mean
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiter_fused.attention import fused_softmax_attention, fused_softmax_attention_varlen  # noqa: E402
+from aiter_fused.attention import (  # noqa: E402
+    DOT_MODES,
+    _default_dot_mode,
+    fused_softmax_attention,
+    fused_softmax_attention_varlen,
+)
 from fa4_rowmax.fused_softmax import (  # noqa: E402
     MX_FORMATS,
     fused_softmax_attention_reference,
@@ -57,39 +67,50 @@ def torch_attention(q, k, v, causal):
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1).nan_to_num(0.0), v)
 
 
-def check_dense(case, lines):
-    batch, sq, sk, hq, hk, d, causal, fmt, dot_scaled = case
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(case).encode()))
+def check_dense(shape, causal, fmt, lines):
+    """One dense problem, every dot mode on the same inputs. Returns one result per mode."""
+    batch, sq, sk, hq, hk, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((shape, causal, fmt)).encode()))
     q = torch.randn(batch, sq, hq, d, device="cuda", generator=gen).bfloat16()
     k = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).bfloat16()
     v = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).bfloat16()
-    out, lse, rec = fused_softmax_attention(q, k, v, causal=causal, mx_format=fmt, dot_scaled=dot_scaled,
-                                            return_recoveries=True)
     ref_out, ref_lse, counters = fused_softmax_attention_reference(q, k, v, causal=causal, mx_format=fmt,
                                                                    return_counters=True)
     exact_out, _ = fused_softmax_attention(q, k, v, causal=causal, exact=True)
+    fp32_out = torch_attention(q, k, v, causal)
     finite = torch.isfinite(ref_lse)
-    result = {
-        "case": dict(zip(["batch", "seqlen_q", "seqlen_k", "heads_q", "heads_k", "head_dim", "causal", "mx_format",
-                          "dot_scaled"], case)),
-        "rel_vs_reference": rel(out.float(), ref_out),
-        "lse_max_diff": (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0,
-        "recoveries_equal": bool(torch.equal(rec.long(), counters["recoveries"])),
-        "rel_vs_bf16_exact_build": rel(out.float(), exact_out.float()),
-        "rel_vs_fp32_attention": rel(out.float(), torch_attention(q, k, v, causal)),
-        "rel_exact_build_vs_fp32_attention": rel(exact_out.float(), torch_attention(q, k, v, causal)),
-        "finite": bool(torch.isfinite(out.float()).all()),
-    }
-    result["pass"] = (result["rel_vs_reference"] < OUT_REL_TOL and result["lse_max_diff"] < LSE_TOL
-                      and result["recoveries_equal"] and result["finite"]
-                      and result["rel_exact_build_vs_fp32_attention"] < OUT_REL_TOL)
-    log(lines, f"{'PASS' if result['pass'] else 'FAIL'} dense {case}: vs ref {result['rel_vs_reference']:.2e}, "
-               f"lse {result['lse_max_diff']:.1e}, rec {result['recoveries_equal']}, vs BF16 "
-               f"{100 * result['rel_vs_bf16_exact_build']:.2f}%")
-    return result
+    outs, results = {}, []
+    for mode in DOT_MODES:
+        out, lse, rec = fused_softmax_attention(q, k, v, causal=causal, mx_format=fmt, dot_mode=mode,
+                                                return_recoveries=True)
+        outs[mode] = out
+        case = (*shape, causal, fmt, mode)
+        result = {
+            "case": dict(zip(["batch", "seqlen_q", "seqlen_k", "heads_q", "heads_k", "head_dim", "causal",
+                              "mx_format", "dot_mode"], case)),
+            "rel_vs_reference": rel(out.float(), ref_out),
+            "lse_max_diff": (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0,
+            "recoveries_equal": bool(torch.equal(rec.long(), counters["recoveries"])),
+            "recoveries": int(counters["recoveries"].sum()),
+            "rel_vs_bf16_exact_build": rel(out.float(), exact_out.float()),
+            "rel_vs_fp32_attention": rel(out.float(), fp32_out),
+            "rel_exact_build_vs_fp32_attention": rel(exact_out.float(), fp32_out),
+            "finite": bool(torch.isfinite(out.float()).all()),
+        }
+        if mode == "fp8":
+            result["rel_vs_bf16_dot_mode"] = rel(out.float(), outs["bf16"].float())
+        result["pass"] = (result["rel_vs_reference"] < OUT_REL_TOL and result["lse_max_diff"] < LSE_TOL
+                          and result["recoveries_equal"] and result["finite"]
+                          and result["rel_exact_build_vs_fp32_attention"] < OUT_REL_TOL)
+        extra = f", fp8 vs bf16 mode {result['rel_vs_bf16_dot_mode']:.2e}" if mode == "fp8" else ""
+        log(lines, f"{'PASS' if result['pass'] else 'FAIL'} dense {case}: vs ref {result['rel_vs_reference']:.2e}, "
+                   f"lse {result['lse_max_diff']:.1e}, rec {result['recoveries_equal']}, vs BF16 "
+                   f"{100 * result['rel_vs_bf16_exact_build']:.2f}%{extra}")
+        results.append(result)
+    return results
 
 
-def check_varlen(fmt, causal, dot_scaled, lines):
+def check_varlen(fmt, causal, dot_mode, lines):
     gen = torch.Generator(device="cuda").manual_seed(7)
     lens_q, lens_k = [1, 77, 300, 0, 129], [5, 200, 300, 17, 64]
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
@@ -98,17 +119,17 @@ def check_varlen(fmt, causal, dot_scaled, lines):
     k = torch.randn(sum(lens_k), 2, 128, device="cuda", generator=gen).bfloat16()
     v = torch.randn(sum(lens_k), 2, 128, device="cuda", generator=gen).bfloat16()
     out, lse = fused_softmax_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                              mx_format=fmt, dot_scaled=dot_scaled)
+                                              mx_format=fmt, dot_mode=dot_mode, validate=False)
     ref_out, ref_lse = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=causal, mx_format=fmt)
     finite = torch.isfinite(ref_lse)
     result = {"case": {"varlen": True, "lens_q": lens_q, "lens_k": lens_k, "causal": causal, "mx_format": fmt,
-                       "dot_scaled": dot_scaled},
+                       "dot_mode": dot_mode},
               "rel_vs_reference": rel(out.float(), ref_out),
               "lse_max_diff": (lse[finite] - ref_lse[finite]).abs().max().item(),
               "masked_rows_ok": bool(torch.equal(torch.isfinite(lse), finite))}
     result["pass"] = (result["rel_vs_reference"] < OUT_REL_TOL and result["lse_max_diff"] < LSE_TOL
                       and result["masked_rows_ok"])
-    log(lines, f"{'PASS' if result['pass'] else 'FAIL'} varlen {fmt} causal={causal} dot_scaled={dot_scaled}: "
+    log(lines, f"{'PASS' if result['pass'] else 'FAIL'} varlen {fmt} causal={causal} dot_mode={dot_mode}: "
                f"vs ref {result['rel_vs_reference']:.2e}, lse {result['lse_max_diff']:.1e}")
     return result
 
@@ -136,7 +157,9 @@ def main():
     lines, results = [], {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
     results["triton"] = triton.__version__
-    log(lines, f"device {results['device']}, torch {results['torch']}, triton {results['triton']}")
+    results["default_dot_mode"] = _default_dot_mode(torch.device("cuda"))
+    log(lines, f"device {results['device']}, torch {results['torch']}, triton {results['triton']}, "
+               f"default dot_mode {results['default_dot_mode']}")
 
     shapes = [(1, 1000, 1000, 8, 8, 128), (2, 333, 517, 8, 2, 64), (1, 129, 1031, 4, 1, 128), (1, 600, 250, 4, 4, 64)]
     if args.quick:
@@ -145,29 +168,36 @@ def main():
     for shape in shapes:
         for causal in (False, True):
             for fmt in MX_FORMATS:
-                for dot_scaled in (False, True):
-                    dense.append(check_dense((*shape, causal, fmt, dot_scaled), lines))
-    varlen = [check_varlen(fmt, causal, ds, lines) for fmt in MX_FORMATS for causal in (False, True)
-              for ds in (False, True)]
+                dense.extend(check_dense(shape, causal, fmt, lines))
+    varlen = [check_varlen(fmt, causal, mode, lines) for fmt in MX_FORMATS for causal in (False, True)
+              for mode in DOT_MODES]
     results["dense"], results["varlen"] = dense, varlen
 
-    per_format = {}
-    for fmt in MX_FORMATS:
-        errors = [r["rel_vs_bf16_exact_build"] for r in dense if r["case"]["mx_format"] == fmt
-                  and not r["case"]["causal"]]
-        per_format[fmt] = 100 * sum(errors) / len(errors)
-    results["rel_error_vs_bf16_pct_noncausal_mean"] = per_format
-    log(lines, "relative error vs BF16 attention (non-causal cases, mean): "
-        + ", ".join(f"{f} {e:.2f}%" for f, e in per_format.items()))
+    def noncausal(mode, fmt):
+        return [r for r in dense if r["case"]["mx_format"] == fmt and r["case"]["dot_mode"] == mode
+                and not r["case"]["causal"]]
+
+    summary = {}
+    for mode in DOT_MODES:
+        summary[mode] = {fmt: {"rel_error_vs_bf16_pct_mean": 100 * mean(r["rel_vs_bf16_exact_build"]
+                                                                        for r in noncausal(mode, fmt)),
+                               "rel_vs_reference_max": max(r["rel_vs_reference"] for r in noncausal(mode, fmt))}
+                         for fmt in MX_FORMATS}
+        log(lines, f"dot_mode {mode}: relative error vs BF16 attention (non-causal, mean) / kernel vs reference "
+                   "(max): " + ", ".join(f"{fmt} {v['rel_error_vs_bf16_pct_mean']:.2f}% / "
+                                         f"{v['rel_vs_reference_max']:.1e}" for fmt, v in summary[mode].items()))
+    fp8_vs_bf16 = max(r["rel_vs_bf16_dot_mode"] for r in dense if r["case"]["dot_mode"] == "fp8")
+    summary["fp8_vs_bf16_dot_mode_rel_max"] = fp8_vs_bf16
+    results["summary_noncausal"] = summary
+    log(lines, f"fp8 vs bf16 dot mode, same inputs: largest relative difference {fp8_vs_bf16:.2e}")
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 8192, 16, 128, device="cuda", generator=gen).bfloat16() for _ in range(3))
     timing = {"shape": "batch 1, seqlen 8192, 16 heads, head_dim 128, non-causal",
               "exact_ms": time_ms(lambda: fused_softmax_attention(q, k, v, exact=True))}
     for fmt in MX_FORMATS:
-        for ds in (False, True):
-            timing[f"{fmt}_dot_scaled={ds}_ms"] = time_ms(
-                lambda: fused_softmax_attention(q, k, v, mx_format=fmt, dot_scaled=ds))
+        for mode in DOT_MODES:
+            timing[f"{fmt}_{mode}_ms"] = time_ms(lambda: fused_softmax_attention(q, k, v, mx_format=fmt, dot_mode=mode))
     results["timing_indicative"] = timing
     log(lines, "indicative timing (includes the torch MX quantization of Q/K/V): "
         + ", ".join(f"{key} {val:.2f}" for key, val in timing.items() if key != "shape"))
