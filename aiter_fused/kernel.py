@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 # Module constants must be tl.constexpr to be visible inside @triton.jit code on a GPU (the
-# interpreter reads plain globals too, so only a GPU build or tests/...::test_kernel_compiles_for_sm90
+# interpreter reads plain globals too: test_aiter_fused_kernel.py::test_kernel_compiles_for_sm90
 # catches a plain float here).
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it - it rounds x to an integer, ties to even
 _SCHRAUDOLPH_MAGIC = tl.constexpr(12599168.0)  # 1.5 * 2**23 + 127 * 128
