@@ -57,9 +57,8 @@ One difference in sign only: a negative value that rounds to zero is +0 here, -0
 import triton
 import triton.language as tl
 
-# Module constants must be tl.constexpr to be visible inside @triton.jit code on a GPU (the
-# interpreter reads plain globals too: test_aiter_fused_kernel.py::test_kernel_compiles_for_sm90
-# catches a plain float here).
+# Module constants must be tl.constexpr to be visible inside @triton.jit code on a GPU; the interpreter
+# also reads plain globals, so test_aiter_fused_kernel.py::test_kernel_compiles_for_sm90 guards this.
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it - it rounds x to an integer, ties to even
 _SCHRAUDOLPH_MAGIC = tl.constexpr(12599168.0)  # 1.5 * 2**23 + 127 * 128
 
