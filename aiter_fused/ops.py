@@ -79,9 +79,11 @@ def fwd_varlen(
     mx_format: str,
     exact: bool,
     recovery_threshold: Optional[float] = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen forward: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32
-    cu_seqlens -> (out like q, lse float32 (heads_q, total_q))."""
+    cu_seqlens -> (out like q, lse float32 (heads_q, total_q)). `validate=False` skips the checks that read
+    cu_seqlens back to the host (one GPU sync each; they also break CUDA-graph capture)."""
     from aiter_fused import attention
 
     options = _kernel_options(softmax_scale, mx_format, exact, recovery_threshold)
@@ -94,6 +96,7 @@ def fwd_varlen(
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
         causal=causal,
+        validate=validate,
         **options,
     )
     return _contiguous_outputs(out, lse)
@@ -102,7 +105,7 @@ def fwd_varlen(
 @fwd_varlen.register_fake
 def _fwd_varlen_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, mx_format,
-    exact, recovery_threshold=None,
+    exact, recovery_threshold=None, validate=True,
 ):
     layout = "(total_tokens, heads, head_dim)"
     for name, tensor in (("q", q), ("k", k), ("v", v)):

@@ -161,6 +161,7 @@ def test_flash_attn_varlen_func_reaches_fused_kernel_and_fills_out(aiter, kernel
     )
     assert aiter_ops == [] and [call["entry"] for call in kernel.calls] == ["varlen"]
     assert kernel.calls[0]["max_seqlen_q"] == 33 and kernel.calls[0]["max_seqlen_k"] == 70
+    assert kernel.calls[0]["validate"] is False  # no host read of cu_seqlens on vLLM's hot path
     assert result.data_ptr() == out_buffer.data_ptr()
     assert lse.shape == (4, q.shape[0])
     expected_out, expected_lse = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=True)

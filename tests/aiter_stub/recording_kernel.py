@@ -78,8 +78,9 @@ class RecordingKernel:
     def fused_softmax_attention_varlen(
         self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
         softmax_scale=None, mx_format="mxfp8", exact=False, recovery_threshold=8.0, return_lse=True,
+        validate=True,
     ):
-        self.calls.append(dict(entry="varlen", q=q, causal=causal, softmax_scale=softmax_scale,
+        self.calls.append(dict(entry="varlen", validate=validate, q=q, causal=causal, softmax_scale=softmax_scale,
                                mx_format=mx_format, exact=exact, return_lse=return_lse,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k))
         if exact:
