@@ -8,9 +8,9 @@ The one switch is `backend`:
 - `"reference"` (default): the semantic reference `fa4_rowmax.reference.attention_reference`, on whatever
   device the model is on (CPU here; on CUDA it is the GPU simulation). Registered under the mode's name,
   e.g. `"rowmax_h15_t8"`.
-- `"kernel"`: the GPU kernel that implements the mode (FA4 patched `flash_attn_func` for `exact_bf16p`
-  (stock FA4), Rowmax-PoT and Rowmax-H15, `aiter_fused.attention.fused_softmax_attention` for the Fused-Softmax modes), BF16 in
-  and out. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
+- `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
+  for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `aiter_fused.attention.fused_softmax_attention`
+  for the Fused-Softmax modes. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
   without CUDA, raises: a kernel name never silently runs the simulator.
 
 Counters: `attach(model)` gives the model an `AttentionRunState` whose `tally` sums the reference's
@@ -41,7 +41,7 @@ KERNEL_PREFIX = "kernel_"
 # last three layers and MXFP4 in between: the first layers build the attention sinks and positional
 # patterns every later layer reads, and the last layers feed the output distribution directly, so an
 # error there is not washed out by later layers. For SmolLM2-135M (30 layers) that is 6 MXFP6 layers
-# and 24 MXFP4 layers, close to the paper's 6-of-20 share of MXFP6 steps.
+# and 24 MXFP4 layers (20% at six bits, against the paper's 6 of 20 steps).
 HYBRID_EDGE_LAYERS = 3
 
 
