@@ -64,6 +64,9 @@ FULL_MODES = (
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BOOTSTRAP_REPS = 5000
 BOOTSTRAP_SEED = 0
+# Blocks are scored in a seeded random order, so the blocks done before a --time-budget-s stop are a
+# random sample of the evenly spaced set, not the beginning of the text.
+BLOCK_ORDER_SEED = 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -366,8 +369,8 @@ def markdown_report(report: dict) -> str:
         f"- model: {meta['model']} (sha256 {meta['model_sha256'][:16]}...)",
         f"- text: {meta['text_source']}; {len(meta['text_files'])} files joined, sha256 {meta['text_sha256']}, "
         f"{meta['num_tokens']} tokens",
-        f"- blocks: {meta['num_blocks']} of {meta['block_size']} tokens, evenly spaced (block indices "
-        f"{meta['block_indices']})"
+        f"- blocks: {meta['num_blocks']} of {meta['block_size']} tokens, evenly spaced, scored in a random order "
+        f"(seed {meta['block_order_seed']}; block indices {meta['block_indices']})"
         + (f"; stopped by the time budget ({meta['num_blocks_requested']} requested)"
            if meta["num_blocks"] < meta["num_blocks_requested"] else ""),
         f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32, same blocks (paired)",
@@ -433,7 +436,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--export", type=Path, help="write model + tokens for --from-cache into this folder and exit")
     parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--time-budget-s", type=float,
-                        help="start no new block past this many seconds (all runs keep the same blocks)")
+                        help="scoring time limit: start no block that would end past it (all runs keep the same blocks)")
     args = parser.parse_args(argv)
     if args.compare_kernels and args.device != "cuda":
         parser.error("--compare-kernels needs --device cuda")
@@ -469,6 +472,8 @@ def main(argv=None) -> dict | None:
         return None
     workload.model.to(args.device)
     blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
+    order = np.random.default_rng(BLOCK_ORDER_SEED).permutation(len(blocks))
+    blocks, indices = blocks[torch.from_numpy(order)], [indices[i] for i in order]
     runs = plan_runs(args.modes, args.compare_kernels)
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
     report = run_study(workload, blocks, runs, args.time_budget_s)
@@ -484,6 +489,7 @@ def main(argv=None) -> dict | None:
         block_indices=indices[:blocks_done],
         bootstrap_reps=BOOTSTRAP_REPS,
         bootstrap_seed=BOOTSTRAP_SEED,
+        block_order_seed=BLOCK_ORDER_SEED,
         baseline=f"{BASELINE} float32",
         hybrid_schedule=(
             f"per layer: MXFP6 in the first and last {hf_attention.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
