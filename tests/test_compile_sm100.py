@@ -1,9 +1,10 @@
 """SM100 (Blackwell) FA4 kernels with the softmax stage compile to cubin on the CPU; SASS read with cuobjdump.
 
 Each configuration compiles in its own subprocess against private FA4 copies (scripts/compile_check.py).
-The CI matrix is small; `-m slow` adds the full one (dtypes x causal x head dim x GQA/varlen x modes).
+The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow) (dtypes x causal x head dim x GQA/varlen x modes).
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def test_mufu_count_falls_as_beta_grows(ci_report):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("FA4_FULL_COMPILE_MATRIX") != "1", reason="set FA4_FULL_COMPILE_MATRIX=1 (about 30 min)")
 def test_full_matrix(tmp_path):
     report = compile_check.check_matrix(ARCH, compile_check.full_matrix(ARCH), tmp_path)
     assert all(v for k, v in report["checks"].items() if not k.startswith("mufu_by_beta")), report["checks"]
