@@ -20,6 +20,8 @@ import torch
 
 FA4_SOFTMAX_MODES = ("exact", "rowmax_h15", "rowmax_pot")
 APPROXIMATE_MODES = ("rowmax_h15", "rowmax_pot")
+# Hopper levers (docs/fa4_notes.md, "Hopper variants"); SM90 only, stock values first.
+ANCHOR_ROUNDINGS = ("exact", "half_octave")
 
 # Note [P range with a rounded-up weight]
 # FA4 requires max_offset + rescale_threshold < log2(max of the P dtype) (Note [Low Precision Scaling] in
@@ -45,6 +47,11 @@ class SoftmaxStage:
     threshold `None` means the architecture's stock value (SM90: 0, it always rescales; SM100: 8 for 16-bit
     inputs, 0 for FP8), beta `None` means stock (`exact`: FA4's tuning; approximate modes: 1, every weight
     built off the MUFU).
+
+    SM90-only levers (ValueError elsewhere): `anchor_rounding="half_octave"` (rowmax_h15) folds scale,
+    anchor subtraction and round-add into one FFMA on an anchor rounded to a half octave (this changes
+    values; the reference takes `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips
+    the O rescale when no row of a warp moved its anchor (changes instructions, never values).
     """
 
     mode: str = "exact"
@@ -52,6 +59,8 @@ class SoftmaxStage:
     beta: Optional[float] = None
     arch: Optional[int] = None
     max_offset: int = 0
+    anchor_rounding: str = "exact"
+    rescale_vote: bool = False
 
     def for_kernel(self, *, arch: int, q_dtype: torch.dtype, has_qv: bool = False) -> "SoftmaxStage":
         """Resolve the knobs for `arch` (e.g. 90, 100) and the input dtype; check the P range."""
@@ -66,6 +75,11 @@ class SoftmaxStage:
             raise ValueError(
                 "softmax_mode/rescale_threshold/beta are not supported with qv (the MLA kernels); "
                 "accepted there: softmax_mode='exact', rescale_threshold=None, beta=None"
+            )
+        if family != 9 and (self.anchor_rounding != "exact" or self.rescale_vote):
+            raise ValueError(
+                f"anchor_rounding={self.anchor_rounding!r} / rescale_vote={self.rescale_vote} are SM90 (Hopper) "
+                f"levers; got arch {arch}. Accepted there: anchor_rounding='exact', rescale_vote=False"
             )
         is_fp8 = q_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         max_offset = 8 if is_fp8 else 0
@@ -91,7 +105,12 @@ class SoftmaxStage:
 
         self._check_resolved()
         return RowmaxSoftmaxSm90.from_stock(
-            softmax, mode=self.mode, beta=self.beta, rescale_threshold=self.rescale_threshold
+            softmax,
+            mode=self.mode,
+            beta=self.beta,
+            rescale_threshold=self.rescale_threshold,
+            anchor_rounding=self.anchor_rounding,
+            rescale_vote=self.rescale_vote,
         )
 
     def sm100(self, softmax):
@@ -110,8 +129,13 @@ def softmax_stage(
     beta: Optional[float] = None,
     *,
     requires_grad: bool = False,
+    anchor_rounding: str = "exact",
+    rescale_vote: bool = False,
 ) -> Optional[SoftmaxStage]:
     """Validate the user's softmax arguments; `None` means stock FA4.
+
+    `anchor_rounding` and `rescale_vote` are the SM90 levers of `SoftmaxStage` (keyword-only; the patched
+    `flash_attn_func` does not take them: use `rowmax_attn_func`).
 
     Raises TypeError/ValueError naming the argument and the accepted values. An approximate mode is
     forward-only (FA4's backward recomputes P with exact exp2), so `requires_grad=True` raises.
@@ -138,6 +162,15 @@ def softmax_stage(
         if not (0.0 <= beta <= 1.0):
             raise ValueError(f"beta must be None (stock) or a float in [0, 1]; got {beta}")
         beta = float(beta)
+    if not isinstance(anchor_rounding, str) or anchor_rounding not in ANCHOR_ROUNDINGS:
+        raise ValueError(f"anchor_rounding must be one of {ANCHOR_ROUNDINGS}; got {anchor_rounding!r}")
+    if anchor_rounding != "exact" and softmax_mode != "rowmax_h15":
+        raise ValueError(
+            f"anchor_rounding={anchor_rounding!r} applies to softmax_mode='rowmax_h15' only; got "
+            f"softmax_mode={softmax_mode!r} (accepted with it: anchor_rounding='exact')"
+        )
+    if not isinstance(rescale_vote, bool):
+        raise TypeError(f"rescale_vote must be a bool; got {type(rescale_vote).__name__}")
     if softmax_mode in APPROXIMATE_MODES and requires_grad:
         raise ValueError(
             f"softmax_mode={softmax_mode!r} is forward-only: FA4's backward recomputes P with exact exp2, "
@@ -145,9 +178,53 @@ def softmax_stage(
             "torch.inference_mode() or on inputs that do not require grad; accepted with gradients: "
             "softmax_mode='exact'"
         )
-    if softmax_mode == "exact" and rescale_threshold is None and beta is None:
+    if softmax_mode == "exact" and rescale_threshold is None and beta is None and not rescale_vote:
         return None
-    return SoftmaxStage(mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
+    return SoftmaxStage(
+        mode=softmax_mode,
+        rescale_threshold=rescale_threshold,
+        beta=beta,
+        anchor_rounding=anchor_rounding,
+        rescale_vote=rescale_vote,
+    )
+
+
+def rowmax_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    softmax_mode: str = "rowmax_h15",
+    rescale_threshold: Optional[float] = None,
+    beta: Optional[float] = None,
+    anchor_rounding: str = "exact",
+    rescale_vote: bool = False,
+    return_lse: bool = False,
+):
+    """Forward-only FA4 attention with every softmax-stage knob, the SM90 levers included.
+
+    q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_k, head_dim), as `flash_attn_func`.
+    Returns `out`, or `(out, lse)` with `return_lse`. Calls the patched FA4's `_flash_attn_fwd` with the
+    stage (the patched `flash_attn_func` takes only softmax_mode / rescale_threshold / beta). Inputs that
+    require grad raise: this entry has no backward.
+    """
+    if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
+        raise ValueError("rowmax_attn_func is forward-only: call it under torch.no_grad() or on inputs without grad")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    stage = softmax_stage(
+        softmax_mode, rescale_threshold, beta, anchor_rounding=anchor_rounding, rescale_vote=rescale_vote
+    )
+    if not is_fa4_patched():
+        raise RuntimeError("rowmax_attn_func needs the patched FlashAttention-4: run `python scripts/fa4_patch.py apply`")
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    out, lse, *_ = _flash_attn_fwd(
+        q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=return_lse, softmax_stage=stage
+    )
+    return (out, lse) if return_lse else out
 
 
 def is_fa4_patched() -> bool:

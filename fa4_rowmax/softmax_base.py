@@ -47,6 +47,21 @@ FP32_ONE_BITS = 0x3F800000
 H15_SNAP_ADD = 1 << 21
 H15_SNAP_MASK = 0xFFC00000
 
+# Note [Folded H15 with a half-octave anchor]
+# The straightforward H15 spends an FFMA (x = s * scale_log2 - m * scale_log2), a clamp and a round-add per
+# element. Folding the round-add constant into the FFMA's addend, r = s * scale_log2 + (1.5 * 2^22 - a),
+# needs the addend to be exact: in [2^22, 2^23) the fp32 ulp is 0.5, so the per-row addend
+# b = fl(1.5 * 2^22 - m * scale_log2) (one FFMA per row) rounds the anchor to a = 1.5 * 2^22 - b, the
+# nearest half octave of m * scale_log2 (ties to even; exact while |m * scale_log2| < 2^21, beyond it a is
+# what the fp32 addend holds, and the reference computes the same expression). The per-element FFMA then
+# rounds once to the half-octave lattice: r = 1.5 * 2^22 + round_half_even(2 (s * scale_log2 - a)) / 2, the
+# clamp moves onto r (at 1.5 * 2^22 - 127, exact) and the shift-add is unchanged: 3 issues instead of 4.
+# The lattice now sits on the absolute half-octave grid, within 1/4 octave of the row max (the max element
+# gets a weight in [2^-0.25, 2^0.335] instead of exactly 1); the normaliser, the rescale factors
+# exp2(a_old - a_new) and the LSE use the same a, so this changes values only through that phase
+# (SoftmaxConfig.anchor_rounding="half_octave" in the reference).
+H15_FOLD_CLAMP = H15_ROUND + H15_CLAMP
+
 # Note [beta selects instructions]
 # beta in [0, 1] is the share of a thread's elements (SM100: element pairs) whose weight is built off the
 # MUFU. Element i of n goes off the MUFU when floor((i + 1) * beta) > floor(i * beta), which spreads
@@ -87,6 +102,7 @@ _H15_CLAMP_HEX = _f32_hex(H15_CLAMP)
 _POT_ROUND_HEX = _f32_hex(POT_ROUND)
 _POT_CLAMP_HEX = _f32_hex(-float(POT_K_MAX))
 _NEG_INF_HEX = "0fFF800000"
+_H15_FOLD_CLAMP_HEX = _f32_hex(H15_FOLD_CLAMP)
 
 
 @dsl_user_op
@@ -152,6 +168,58 @@ def h15_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
         f"and.b32 b, b, 0x{H15_SNAP_MASK:08X};\n\t"
         "mov.b32 $0, b;\n\t}\n",
         x,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def h15_anchor_addend(row_max: Float32, scale_log2: Float32, *, loc=None, ip=None) -> Float32:
+    """fl(1.5 * 2^22 - row_max * scale_log2), one FFMA (Note [Folded H15 with a half-octave anchor])."""
+    return _asm_f32(
+        f"{{\n\t.reg .f32 m;\n\tneg.f32 m, $1;\n\tfma.rn.f32 $0, m, $2, {_H15_ROUND_HEX};\n\t}}\n",
+        row_max,
+        scale_log2,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def h15_folded_alu(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
+    """H(s * scale_log2 - a): FFMA onto the lattice, clamp, shift-add (Note [Folded H15 with a half-octave anchor])."""
+    return _asm_f32(
+        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
+        "fma.rn.ftz.f32 t, $1, $2, $3;\n\t"
+        f"max.ftz.f32 t, t, {_H15_FOLD_CLAMP_HEX};\n\t"
+        "mov.b32 b, t;\n\t"
+        "shl.b32 b, b, 22;\n\t"
+        f"add.s32 b, b, {FP32_ONE_BITS};\n\t"
+        "mov.b32 $0, b;\n\t}\n",
+        s,
+        scale_log2,
+        addend,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def h15_folded_mufu(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
+    """`h15_folded_alu` through ex2.approx of the lattice point, snapped (Note [H15 through the MUFU])."""
+    return _asm_f32(
+        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
+        "fma.rn.ftz.f32 t, $1, $2, $3;\n\t"
+        f"max.ftz.f32 t, t, {_H15_FOLD_CLAMP_HEX};\n\t"
+        f"sub.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
+        "ex2.approx.ftz.f32 t, t;\n\t"
+        "mov.b32 b, t;\n\t"
+        f"add.s32 b, b, {H15_SNAP_ADD};\n\t"
+        f"and.b32 b, b, 0x{H15_SNAP_MASK:08X};\n\t"
+        "mov.b32 $0, b;\n\t}\n",
+        s,
+        scale_log2,
+        addend,
         loc=loc,
         ip=ip,
     )

@@ -3,9 +3,35 @@
 Stock FA4 on SM90 always moves the running max and rescales O; here, as on SM100, the stale max is kept
 while the new tile max exceeds it by at most `rescale_threshold` (log2 units; 0 keeps stock behaviour) and
 weights up to `2**rescale_threshold` appear. Hopper has no packed f32x2 arithmetic, so every element is
-handled on its own.
+handled on its own, and the FP32/ALU issue slots, not the MUFU, bound the softmax (docs/fa4_notes.md,
+"Hopper variants"). The Hopper levers, each a knob of `SoftmaxStage`:
+
+- `anchor_rounding="half_octave"` (rowmax_h15): scale, anchor subtraction and round-add in one FFMA
+  (Note [Folded H15 with a half-octave anchor] in softmax_base.py).
+- `rescale_vote=True`: skip the O rescale when no row of the warp moved its anchor
+  (Note [Warp-vote rescale skip]).
+
+Note [NaN rows in the approximate modes]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The H15/PoT clamp (`max` against a constant) turns a NaN score into weight 0, where stock FA4's
+`exp2(NaN)` poisons the row sum and O. To give the same NaN rows at no per-element cost, the approximate
+modes take the row max with `max.NaN` (FMNMX.NAN: same count as the stock FMNMX), quad reduction included,
+so a NaN score makes the row's running max NaN for good; a score of +inf (stock: `exp2(inf - inf)` = NaN)
+makes it +inf. Either row then rescales O by exp2(NaN or -inf) on its next tile and `finalize` scales it
+by NaN (one compare per row), so O is NaN in that row; its LSE is -inf, which is what stock FA4 returns for
+a NaN row sum. NaN in V propagates through the PV GEMM as in stock.
+
+Note [Warp-vote rescale skip]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+`rescale_O` multiplies every O accumulator of the thread (64 FMUL per thread per tile at head dim 128, one
+issue per score element). With `rescale_threshold > 0`, or a half-octave anchor that did not move, most
+tiles leave every row's factor at exactly 1.0. The rows of a warp vote (`vote.any` on factor != 1, NaN
+counts as a change): when none changed, the warp branches over the multiplies. The branch is warp-uniform,
+so no lane diverges; the cost is the compares, one vote and one branch per tile.
 """
 
+import math
+import operator
 from dataclasses import dataclass
 
 import cutlass
@@ -16,7 +42,21 @@ from quack import layout_utils
 import flash_attn.cute.utils as utils
 from flash_attn.cute.softmax import Softmax
 
-from fa4_rowmax.softmax_base import RowmaxSoftmaxMixin, h15_alu, h15_mufu, pot_alu, pot_mufu
+from fa4_rowmax.softmax_base import (
+    H15_ROUND,
+    RowmaxSoftmaxMixin,
+    h15_alu,
+    h15_anchor_addend,
+    h15_folded_alu,
+    h15_folded_mufu,
+    h15_mufu,
+    pot_alu,
+    pot_mufu,
+)
+
+
+def _fmax_nan(a: Float32, b: Float32) -> Float32:
+    return cute.arch.fmax(a, b, nan=True)
 
 
 @dataclass
@@ -24,9 +64,19 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     rescale_threshold: cutlass.Constexpr[float] = 0.0
     mode: cutlass.Constexpr[str] = "exact"
     beta: cutlass.Constexpr[float | None] = None
+    anchor_rounding: cutlass.Constexpr[str] = "exact"
+    rescale_vote: cutlass.Constexpr[bool] = False
 
     @staticmethod
-    def from_stock(softmax: Softmax, *, mode: str, beta: float | None, rescale_threshold: float):
+    def from_stock(
+        softmax: Softmax,
+        *,
+        mode: str,
+        beta: float | None,
+        rescale_threshold: float,
+        anchor_rounding: str = "exact",
+        rescale_vote: bool = False,
+    ):
         """Take over the row statistics of the `Softmax` the kernel created."""
         return RowmaxSoftmaxSm90(
             softmax.scale_log2,
@@ -38,7 +88,18 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             rescale_threshold=rescale_threshold,
             mode=mode,
             beta=beta,
+            anchor_rounding=anchor_rounding,
+            rescale_vote=rescale_vote,
         )
+
+    @property
+    def folded(self) -> bool:
+        return self.mode == "rowmax_h15" and self.anchor_rounding == "half_octave"
+
+    @property
+    def nan_rows(self) -> bool:
+        """Note [NaN rows in the approximate modes]; `exact` keeps stock's max (exp2 propagates NaN)."""
+        return self.mode != "exact"
 
     @cute.jit
     def weight(self, x: Float32, index: cutlass.Constexpr[int], count: cutlass.Constexpr[int]) -> Float32:
@@ -50,6 +111,32 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             return pot_alu(x) if const_expr(off) else pot_mufu(x)
         else:
             return utils.ex2_emulation(x) if const_expr(off) else cute.math.exp2(x, fastmath=True)
+
+    @cute.jit
+    def folded_weight(
+        self, s: Float32, addend: Float32, index: cutlass.Constexpr[int], count: cutlass.Constexpr[int]
+    ) -> Float32:
+        """H15 weight of raw score `s` on the half-octave lattice whose row addend is `addend`."""
+        if const_expr(self.off_mufu(index, count)):
+            return h15_folded_alu(s, self.scale_log2, addend)
+        return h15_folded_mufu(s, self.scale_log2, addend)
+
+    @cute.jit
+    def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
+        """Quad-reduced row max; NaN-propagating in the approximate modes."""
+        if const_expr(self.nan_rows):
+            values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
+            values.store(acc_S_row)
+            partial = [values[0], values[1], values[2], values[3]]
+            for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
+                for j in cutlass.range_constexpr(4):
+                    partial[j] = _fmax_nan(partial[j], values[i + j])
+            local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
+            if const_expr(init_val is not None):
+                local = _fmax_nan(local, init_val)
+            return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
+        local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=self.arch)
+        return cute.arch.warp_reduction_max(local, threads_in_group=4)
 
     @cute.jit
     def online_softmax(
@@ -70,19 +157,23 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         scale_log2 = self.scale_log2
         n_cols = cute.size(acc_S_mn, mode=[1])
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
-            row_max_cur = utils.fmax_reduce(
-                acc_S_mn[r, None].load(),
-                init_val=row_max[r] if const_expr(not is_first) else None,
-                arch=self.arch,
+            row_max_cur = self.row_max_of(
+                acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None
             )
-            row_max_cur = cute.arch.warp_reduction_max(row_max_cur, threads_in_group=4)
             row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
             if const_expr(is_first):
                 row_scale[r] = 1.0
             else:
                 row_max_old = row_max[r]
                 acc_scale_ = (row_max_old - row_max_safe) * scale_log2
-                row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
+                if const_expr(self.folded):
+                    # a_old - a_new of the rounded anchors (exact: both addends are multiples of 0.5).
+                    row_scale[r] = cute.math.exp2(
+                        h15_anchor_addend(row_max_safe, scale_log2) - h15_anchor_addend(row_max_old, scale_log2),
+                        fastmath=True,
+                    )
+                else:
+                    row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
                 if const_expr(self.rescale_threshold > 0.0):
                     # Stale max within the threshold: keep it and skip the rescale.
                     if acc_scale_ >= -self.rescale_threshold:
@@ -90,12 +181,68 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                         row_max_safe = row_max_old
                         row_scale[r] = 1.0
             row_max[r] = row_max_cur
-            bias = -row_max_safe * scale_log2
-            for c in cutlass.range_constexpr(n_cols):
-                acc_S_mn[r, c] = self.weight(acc_S_mn[r, c] * scale_log2 + bias, c, n_cols)
+            if const_expr(self.folded):
+                addend = h15_anchor_addend(row_max_safe, scale_log2)
+                for c in cutlass.range_constexpr(n_cols):
+                    acc_S_mn[r, c] = self.folded_weight(acc_S_mn[r, c], addend, c, n_cols)
+            else:
+                bias = -row_max_safe * scale_log2
+                for c in cutlass.range_constexpr(n_cols):
+                    acc_S_mn[r, c] = self.weight(acc_S_mn[r, c] * scale_log2 + bias, c, n_cols)
             row_sum[r] = utils.fadd_reduce(
                 acc_S_mn[r, None].load(),
                 init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
                 arch=self.arch,
             )
         return row_scale
+
+    @cute.jit
+    def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:
+        """Stock `Softmax.finalize`, plus the rounded anchor in the LSE and the NaN rows.
+
+        `exact` without a half-octave anchor is FA4's own finalize. Otherwise the same formulas with the
+        anchor a the weights used (Note [Folded H15 with a half-octave anchor]) and a NaN factor for rows
+        whose max is NaN or +inf (Note [NaN rows in the approximate modes]).
+        """
+        if const_expr(not self.folded and not self.nan_rows):
+            return Softmax.finalize(self, final_scale, sink_val)
+        if const_expr(sink_val is not None and isinstance(sink_val, cute.Tensor)):
+            assert cute.size(sink_val) == cute.size(self.row_sum)
+        row_sum = self.row_sum
+        row_max = self.row_max
+        scale_log2 = self.scale_log2
+        row_sum.store(utils.warp_reduce(row_sum.load(), operator.add, width=4))
+        row_scale = cute.make_fragment_like(row_max, Float32)
+        for r in cutlass.range(cute.size(row_sum), unroll_full=True):
+            anchor = row_max[r] * scale_log2
+            if const_expr(self.folded):
+                anchor = Float32(H15_ROUND) - h15_anchor_addend(row_max[r], scale_log2)
+            if const_expr(sink_val is not None):
+                sink_cur = sink_val if const_expr(not isinstance(sink_val, cute.Tensor)) else sink_val[r]
+                if row_max[r] == -Float32.inf:
+                    anchor = sink_cur * utils.LOG2_E
+                row_sum[r] += cute.math.exp2(sink_cur * utils.LOG2_E - anchor, fastmath=True)
+            empty_or_nan = row_sum[r] == 0.0 or row_sum[r] != row_sum[r]
+            row_scale[r] = cute.arch.rcp_approx(row_sum[r] if not empty_or_nan else 1.0) * final_scale
+            poisoned = row_max[r] != row_max[r] or row_max[r] == Float32.inf
+            if poisoned:
+                row_scale[r] = Float32(math.nan)
+            row_sum_cur = row_sum[r]
+            row_sum[r] = (
+                (anchor + cute.math.log2(row_sum_cur, fastmath=True)) * math.log(2.0)
+                if not (empty_or_nan or poisoned)
+                else -Float32.inf
+            )
+        return row_scale
+
+    @cute.jit
+    def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor) -> None:
+        """Stock rescale, skipped by a warp vote when every factor of the warp is 1.0 (Note [Warp-vote rescale skip])."""
+        if const_expr(not self.rescale_vote):
+            Softmax.rescale_O(self, acc_O, row_scale)
+        else:
+            changed = row_scale[0] != 1.0
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                changed = changed or row_scale[r] != 1.0
+            if cute.arch.vote_any_sync(changed):
+                Softmax.rescale_O(self, acc_O, row_scale)

@@ -113,7 +113,8 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
     heads_q, heads_k = (8, 2) if config["gqa"] else (4, 4)
     seqlen, hdim = config["seqlen"], config["hdim"]
     knobs = {}
-    if config["mode"] != "exact" or config["beta"] is not None or config["rescale_threshold"] is not None:
+    if (config["mode"] != "exact" or config["beta"] is not None or config["rescale_threshold"] is not None
+            or config.get("levers")):
         knobs = dict(softmax_mode=config["mode"], beta=config["beta"], rescale_threshold=config["rescale_threshold"])
     with FakeTensorMode():
         if config["varlen"]:
@@ -123,6 +124,13 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
             cu = torch.tensor([0, seqlen - 7, total], dtype=torch.int32, device="cuda")
             flash_attn_varlen_func(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seqlen,
                                    max_seqlen_k=seqlen, causal=config["causal"], return_lse=True, **knobs)
+        elif config.get("levers"):
+            # SM90 levers (anchor_rounding, rescale_vote): not flash_attn_func arguments.
+            from fa4_rowmax.interface import rowmax_attn_func
+
+            q = torch.empty(2, seqlen, heads_q, hdim, dtype=dtype, device="cuda")
+            k = torch.empty(2, seqlen, heads_k, hdim, dtype=dtype, device="cuda")
+            rowmax_attn_func(q, k, k, causal=config["causal"], return_lse=True, **knobs, **config["levers"])
         else:
             q = torch.empty(2, seqlen, heads_q, hdim, dtype=dtype, device="cuda")
             k = torch.empty(2, seqlen, heads_k, hdim, dtype=dtype, device="cuda")
