@@ -17,6 +17,9 @@ SOFTMAX_MODES = ("exact", "rowmax_pot", "rowmax_h15", "baps", "fused_softmax")
 MX_FORMATS = ("mxfp8", "mxfp6", "mxfp4")
 MX_BLOCK = 32
 ANCHORS = ("tile", "row")
+# How the H15 lattice's anchor is placed: on the running max itself, or rounded to a half octave as the
+# SM90 folded FFMA does (fa4_rowmax/softmax_base.py, Note [Folded H15 with a half-octave anchor]).
+ANCHOR_ROUNDINGS = ("exact", "half_octave")
 # Modes whose max is FA4's running max, so that a whole-row anchor is a meaningful control.
 ANCHORED_MODES = ("exact", "rowmax_pot", "rowmax_h15")
 P_DTYPES = (
@@ -72,6 +75,7 @@ class SoftmaxConfig:
     baps_critical_tiles: int = 1
     mx_format: str = "mxfp8"
     recovery_threshold: float = 8.0
+    anchor_rounding: str = "exact"
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, SOFTMAX_MODES)
@@ -96,6 +100,12 @@ class SoftmaxConfig:
         _check_choice("mx_format", self.mx_format, MX_FORMATS)
         # P = 2**(x - m) with x - m up to the threshold must stay below BF16's infinity.
         _check_real("recovery_threshold", self.recovery_threshold, 0.0, RECOVERY_THRESHOLD_LIMIT)
+        _check_choice("anchor_rounding", self.anchor_rounding, ANCHOR_ROUNDINGS)
+        if self.anchor_rounding != "exact" and self.mode != "rowmax_h15":
+            raise ValueError(
+                f"SoftmaxConfig.anchor_rounding={self.anchor_rounding!r} applies to mode 'rowmax_h15' only, "
+                f"not mode={self.mode!r} (accepted there: 'exact')"
+            )
         if self.mode == "fused_softmax" and self.tile_n % MX_BLOCK:
             raise ValueError(
                 f"SoftmaxConfig.tile_n must be a multiple of {MX_BLOCK} for mode 'fused_softmax' "

@@ -37,6 +37,10 @@ Note [Weights per mode]
   the -127 clamp makes masked scores give exactly 0.
 - `rowmax_pot`: `P = 2**max_offset * pot(y - max_offset, pot_k_max)`: `K_max` counts octaves
   below the max; masked elements are set to 0 (the clamp alone would give 2**-K_max).
+With `anchor_rounding="half_octave"` (rowmax_h15) the anchor is not `m * scale_log2` but
+`a = C - fl32(C - m * scale_log2)` with `C = 1.5 * 2**22`, the half octave nearest to it (ties to even;
+what the SM90 folded FFMA's fp32 addend holds): weights use `y = s * scale_log2 - a`, the rescale
+factor is `exp2(a_old - a_new)` and the LSE uses `a`.
 With `anchor="row"` a first pass finds each row's max over all its keys and every tile uses
 it (no rescale ever): the control that separates the lattice anchor from the tile schedule.
 P is rounded to `p_dtype` (FP8 saturating, as `cvt.rn.satfinite` does) only for P@V; the
@@ -327,6 +331,22 @@ def _fa4_weights(y: torch.Tensor, tile: _Tile, config: SoftmaxConfig) -> torch.T
     return p
 
 
+_H15_ROUND = 1.5 * 2**22
+
+
+def _half_octave_anchor(m: torch.Tensor, scale_log2: float) -> torch.Tensor:
+    """a = C - fl32(C - m * scale_log2), C = 1.5 * 2**22 (Note [Weights per mode]); -inf stays -inf."""
+    addend = (_H15_ROUND - m.double() * scale_log2).float().double()
+    return (_H15_ROUND - addend).to(m.dtype)
+
+
+def _anchor(m: torch.Tensor, scale_log2: float, config: SoftmaxConfig) -> torch.Tensor:
+    """The lattice anchor in log2 units for the max in use `m` (score units)."""
+    if config.anchor_rounding == "half_octave":
+        return _half_octave_anchor(m, scale_log2)
+    return m * scale_log2
+
+
 def _whole_row_max(problem: _Problem, config: SoftmaxConfig) -> torch.Tensor:
     row_max = problem.q.new_full(problem.shape, -math.inf)
     for tile in _tiles(problem, config.tile_n, descending=True):
@@ -357,21 +377,24 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
             m_new = torch.maximum(m_old, s.amax(-1))
             m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
             acc_scale_log2 = (m_old - m_safe) * scale_log2
+            anchor_step = acc_scale_log2
+            if config.anchor_rounding == "half_octave":
+                anchor_step = _half_octave_anchor(m_old, scale_log2) - _half_octave_anchor(m_safe, scale_log2)
             moved = m_new > m_old
             if threshold > 0.0:
                 # FA4 compares the scaled difference with -rescale_threshold (>=: keep the max).
                 keep = acc_scale_log2 >= -threshold
                 m_new = torch.where(keep, m_old, m_new)
                 m_safe = torch.where(keep, m_old, m_safe)
-                acc_scale = torch.where(keep, 1.0, torch.exp2(acc_scale_log2))
+                acc_scale = torch.where(keep, 1.0, torch.exp2(anchor_step))
             else:
                 keep = torch.zeros_like(moved)
-                acc_scale = torch.exp2(acc_scale_log2)
+                acc_scale = torch.exp2(anchor_step)
             if counting:
                 counters["rescales"] += (moved & ~keep & (m_old > -math.inf)).sum()
                 counters["rescales_skipped"] += (moved & keep).sum()
             m_old.copy_(m_new)
-        bias = config.max_offset - m_safe * scale_log2
+        bias = config.max_offset - _anchor(m_safe, scale_log2, config)
         p = _fa4_weights(s.mul_(scale_log2).add_(bias[..., None]), tile, config)
         sums = row_sum[:, :, :, tile.row_start :]
         sums.mul_(acc_scale).add_(p.sum(-1))
@@ -379,7 +402,7 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
             counters["tiles"] += _rows_with_keys(tile, heads_q, s)
             counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
         _accumulate_pv(problem, tile, _round_p(p, p_dtype), acc, acc_scale)
-    lse_base_log2 = row_max * scale_log2 - config.max_offset
+    lse_base_log2 = _anchor(row_max, scale_log2, config) - config.max_offset
     return acc, row_sum, lse_base_log2, counters
 
 

@@ -57,7 +57,7 @@ H15_SNAP_MASK = 0xFFC00000
 # rounds once to the half-octave lattice: r = 1.5 * 2^22 + round_half_even(2 (s * scale_log2 - a)) / 2, the
 # clamp moves onto r (at 1.5 * 2^22 - 127, exact) and the shift-add is unchanged: 3 issues instead of 4.
 # The lattice now sits on the absolute half-octave grid, within 1/4 octave of the row max (the max element
-# gets a weight in [2^-0.25, 2^0.335] instead of exactly 1); the normaliser, the rescale factors
+# still rounds to weight 1; the others may round across a lattice point); the normaliser, the rescale factors
 # exp2(a_old - a_new) and the LSE use the same a, so this changes values only through that phase
 # (SoftmaxConfig.anchor_rounding="half_octave" in the reference).
 H15_FOLD_CLAMP = H15_ROUND + H15_CLAMP

@@ -490,3 +490,61 @@ def test_bad_input_names_the_argument(make_arguments, error, message):
     with pytest.raises(error) as info:
         attention_reference(**arguments)
     assert message in str(info.value)
+
+
+# --- anchor_rounding="half_octave" (the SM90 folded FFMA's anchor) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(anchor_rounding="quarter"), "anchor_rounding"), (dict(mode="exact", anchor_rounding="half_octave"), "rowmax_h15")],
+)
+def test_anchor_rounding_is_validated(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SoftmaxConfig(**kwargs)
+
+
+def _half_octave_weights_one_tile(q, k, v, scale):
+    """fp64 H15 on one tile with the anchor a = round_half_even(2 * rowmax(x)) / 2, x = s * scale_log2."""
+    from fa4_rowmax.exp_approx import h15
+
+    scale_log2 = scale * math.log2(math.e)
+    x = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale_log2
+    anchor = torch.round(2.0 * x.amax(-1, keepdim=True)) / 2.0  # torch.round: half to even
+    p = h15((x - anchor).float()).double()
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v.double()) / p.sum(-1).transpose(1, 2)[..., None]
+    lse = (anchor[..., 0] + torch.log2(p.sum(-1))) * math.log(2.0)
+    return out, lse, p
+
+
+def test_half_octave_anchor_matches_a_direct_one_tile_computation():
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 48, 3, 64, generator=gen, dtype=torch.float64) * 2 for _ in range(3))
+    config = SoftmaxConfig(mode="rowmax_h15", tile_n=64, p_dtype=torch.float64, anchor_rounding="half_octave")
+    out, lse = attention_reference(q, k, v, config, compute_dtype=torch.float64)
+    want_out, want_lse, p = _half_octave_weights_one_tile(q, k, v, 64**-0.5)
+    torch.testing.assert_close(out, want_out, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-6)  # the LSE is returned in fp32
+    # The max element sits within 1/4 octave of the anchor, so it still rounds to weight 1; the others move.
+    assert (p.amax(-1) == 1.0).all()
+    exact_out, _ = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=64, p_dtype=torch.float64),
+                                       compute_dtype=torch.float64)
+    assert not torch.equal(out, exact_out)
+
+
+@pytest.mark.parametrize("causal, threshold", [(True, 0.0), (False, 0.0), (True, 4.0)])
+def test_half_octave_anchor_over_many_tiles_stays_in_the_h15_envelope(causal, threshold):
+    """Across tiles the rescale uses exp2(a_old - a_new): the result stays within H15's ratio bound of
+    exact attention, and the LSE within the per-element envelope."""
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(1, 200, 2, 64, generator=gen, dtype=torch.float64) * 3
+    k, v = (torch.randn(1, 200, 2, 64, generator=gen, dtype=torch.float64) for _ in range(2))
+    config = SoftmaxConfig(mode="rowmax_h15", tile_n=32, p_dtype=torch.float64, anchor_rounding="half_octave",
+                           rescale_threshold=threshold)
+    out, lse = attention_reference(q, k, v, config, causal=causal, compute_dtype=torch.float64)
+    _, exact_lse = attention_reference(q, k, v, SoftmaxConfig(p_dtype=torch.float64, tile_n=32), causal=causal,
+                                       compute_dtype=torch.float64)
+    assert torch.isfinite(out).all()
+    # log2(sum H) - log2(sum exp2) lies in H's per-element envelope [-0.25, 0.335] octaves.
+    shift = (lse - exact_lse) / math.log(2.0)
+    assert (shift >= -0.25 - 1e-9).all() and (shift <= math.log2(1.5) - 0.25 + 1e-9).all()
