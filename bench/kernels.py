@@ -43,6 +43,18 @@ _EXACT_TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp8": 8e-2}
 _H15_TOL = {"bf16": 0.2, "fp16": 0.2, "fp8": 0.25}
 _MX_TOL = {"mxfp8": 0.12, "mxfp6": 0.12, "mxfp4": 0.4}
 
+# SM90 softmax-stage levers, one entry per variant, called through fa4_rowmax.interface.rowmax_attn_func
+# (flash_attn_func does not take anchor_rounding / rescale_vote).
+HOPPER_LEVERS = {
+    "fa4_h15_fold": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave"},
+    "fa4_h15_vote": {"softmax_mode": "rowmax_h15", "rescale_vote": True},
+    "fa4_h15_fold_vote": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "rescale_vote": True},
+    "fa4_h15_fold_vote_t8": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "rescale_vote": True,
+                             "rescale_threshold": 8.0},
+    "fa4_exact_vote": {"softmax_mode": "exact", "rescale_vote": True},
+    "fa4_exact_vote_t8": {"softmax_mode": "exact", "rescale_vote": True, "rescale_threshold": 8.0},
+}
+
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
 
@@ -150,6 +162,22 @@ def _fa4_binder(knobs: dict) -> Callable:
     return bind
 
 
+def _load_rowmax_levers() -> Callable:
+    _load_fa4_patched()
+    try:
+        from fa4_rowmax.interface import rowmax_attn_func
+    except Exception as exc:
+        raise _import_failure("fa4_rowmax.interface.rowmax_attn_func", exc) from None
+    return rowmax_attn_func
+
+
+def _rowmax_levers_unsupported(dtype: str, capability: tuple[int, int]) -> str | None:
+    if capability[0] != 9:
+        return (f"anchor_rounding / rescale_vote are SM90 (Hopper) levers (fa4_rowmax.interface.SoftmaxStage); "
+                f"this GPU is sm_{capability[0]}{capability[1]}")
+    return _fa4_unsupported(dtype, capability)
+
+
 def _aiter_binder(mx_format: str, exact: bool) -> Callable:
     def bind(fn, q, k, v, causal):
         return lambda: _first(fn(q, k, v, causal=causal, mx_format=mx_format, exact=exact))
@@ -191,6 +219,10 @@ def _build_table() -> dict[str, KernelSpec]:
             knobs = {"softmax_mode": "rowmax_h15", "rescale_threshold": threshold, "beta": beta}
             specs.append(KernelSpec(h15_map_name(threshold, beta), "fa4", "rowmax_h15", tuple(knobs.items()),
                                     _H15_TOL, _load_fa4_patched, _fa4_binder(knobs), _fa4_unsupported))
+    for name, knobs in HOPPER_LEVERS.items():  # docs/fa4_notes.md, "Hopper variants"
+        tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
+        specs.append(KernelSpec(name, "fa4", knobs["softmax_mode"], tuple(knobs.items()), tol, _load_rowmax_levers,
+                                _fa4_binder(knobs), _rowmax_levers_unsupported))
     aiter_tol = {fmt: {"bf16": tol} for fmt, tol in _MX_TOL.items()}  # BF16 in/out (docs/design.md)
     for fmt in MX_FORMATS:
         for exact in (False, True):
