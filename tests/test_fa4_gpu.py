@@ -86,3 +86,109 @@ def test_single_tile_gate(fa4):
     reference = functools.partial(attention_reference, config=SoftmaxConfig(mode="rowmax_h15", tile_n=128))
     report = single_tile_gate(fa4_backend("rowmax_h15"), reference, device="cuda", seed=5)
     assert report.passed, str(report)
+
+
+# --- SM90 levers (fa4_rowmax.interface.rowmax_attn_func): docs/fa4_notes.md, "Hopper variants" ---------------
+
+
+@pytest.fixture(scope="module")
+def rowmax_attn(fa4):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("anchor_rounding / rescale_vote are SM90 levers")
+    from fa4_rowmax.interface import rowmax_attn_func
+
+    return rowmax_attn_func
+
+
+def _assert_matches_reference(out, lse, ref_out, ref_lse):
+    finite = torch.isfinite(ref_lse)
+    assert torch.isfinite(out).all() and not torch.isnan(lse).any()
+    assert torch.isneginf(lse[~finite]).all()
+    assert (lse[finite] - ref_lse[finite]).abs().max() < 1e-2
+    row_scale = ref_out.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    err_ulps = ((out.float() - ref_out.float()).abs() / row_scale / torch.finfo(torch.bfloat16).eps).amax(dim=-1)
+    assert (err_ulps > 4).float().mean() <= 1e-3, float(err_ulps.max())
+
+
+@pytest.mark.parametrize("threshold", [0.0, 8.0])
+@pytest.mark.parametrize("vote", [False, True])
+@pytest.mark.parametrize(
+    "shape, causal", [((1, 128, 128, 1, 1), True), ((2, 509, 300, 8, 2), False), ((1, 300, 1100, 4, 2), True)]
+)
+def test_folded_h15_matches_the_half_octave_reference(rowmax_attn, shape, causal, vote, threshold):
+    from fa4_rowmax.config import SoftmaxConfig
+    from fa4_rowmax.reference import attention_reference
+
+    q, k, v = _inputs(3, *shape)
+    with torch.no_grad():
+        out, lse = rowmax_attn(q, k, v, causal=causal, return_lse=True, softmax_mode="rowmax_h15",
+                               anchor_rounding="half_octave", rescale_vote=vote, rescale_threshold=threshold)
+    config = SoftmaxConfig(mode="rowmax_h15", tile_n=128, rescale_threshold=threshold, anchor_rounding="half_octave")
+    _assert_matches_reference(out, lse, *attention_reference(q, k, v, config, causal=causal))
+
+
+@pytest.mark.parametrize("mode, anchor", [("rowmax_h15", "exact"), ("rowmax_h15", "half_octave"), ("exact", "exact")])
+@pytest.mark.parametrize("threshold", [0.0, 8.0])
+def test_rescale_vote_changes_instructions_not_values(rowmax_attn, mode, anchor, threshold):
+    q, k, v = _inputs(4, 2, 1024, 1024, 4, 2)
+    with torch.no_grad():
+        knobs = dict(softmax_mode=mode, anchor_rounding=anchor, rescale_threshold=threshold, return_lse=True)
+        base = rowmax_attn(q, k, v, causal=True, rescale_vote=False, **knobs)
+        voted = rowmax_attn(q, k, v, causal=True, rescale_vote=True, **knobs)
+    assert torch.equal(voted[0], base[0]) and torch.equal(voted[1], base[1])
+
+
+def test_exact_vote_without_threshold_equals_stock(rowmax_attn, fa4):
+    q, k, v = _inputs(5, 1, 1000, 1000, 4, 4)
+    with torch.no_grad():
+        stock = fa4(q, k, v, causal=False, return_lse=True)
+        voted = rowmax_attn(q, k, v, causal=False, return_lse=True, softmax_mode="exact", rescale_vote=True)
+    # Skipping a multiply by exactly 1.0 changes no bit.
+    assert torch.equal(voted[0], stock[0]) and torch.equal(voted[1], stock[1])
+
+
+def test_lever_arguments_are_validated(rowmax_attn):
+    q, k, v = _inputs(6, 1, 128, 128, 1, 1)
+    with pytest.raises(ValueError, match="anchor_rounding"):
+        rowmax_attn(q, k, v, softmax_mode="rowmax_pot", anchor_rounding="half_octave")
+    with pytest.raises(TypeError, match="rescale_vote"):
+        rowmax_attn(q, k, v, softmax_mode="rowmax_h15", rescale_vote=1)
+
+
+# --- NaN and Inf inputs: the approximate modes poison the same rows as stock FA4 ---------------------------
+
+
+def _poison(q, k, v, where):
+    q, k, v = q.clone(), k.clone(), v.clone()
+    if where == "q_nan":
+        q[0, 200, 1, 7] = float("nan")
+    elif where == "k_nan":
+        k[0, 300, 0, 3] = float("nan")
+    elif where == "v_nan":
+        v[0, 300, 0, 3] = float("nan")
+    elif where == "q_inf":
+        q[0, 200, 1, :] = float("inf")
+    return q, k, v
+
+
+@pytest.mark.parametrize("where", ["q_nan", "k_nan", "v_nan", "q_inf"])
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(softmax_mode="rowmax_h15"), dict(softmax_mode="rowmax_pot"),
+     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", rescale_vote=True, rescale_threshold=8.0)],
+    ids=["h15", "pot", "h15_fold_vote_t8"],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_and_inf_inputs_poison_the_rows_stock_poisons(fa4, knobs, where, causal):
+    from fa4_rowmax.interface import rowmax_attn_func
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("NaN rows are implemented in the SM90 stage (docs/fa4_notes.md)")
+    q, k, v = _poison(*_inputs(7, 1, 640, 640, 2, 1), where)
+    with torch.no_grad():
+        stock_out, _ = fa4(q, k, v, causal=causal, return_lse=True)
+        out, lse = rowmax_attn_func(q, k, v, causal=causal, return_lse=True, **knobs)
+    stock_bad = torch.isnan(stock_out).any(dim=-1)
+    assert stock_bad.any()  # the poisoned input reaches stock's output
+    assert torch.equal(torch.isnan(out).any(dim=-1), stock_bad)
+    assert torch.isfinite(out[~stock_bad]).all()
