@@ -19,7 +19,14 @@ pytest.importorskip("triton")
 
 import compile_check  # noqa: E402
 from fa4_rowmax.exp_approx import h15  # noqa: E402
-from fa4_rowmax.softmax_base import H15_CLAMP, H15_ROUND, H15_SNAP_ADD, H15_SNAP_MASK, off_mufu  # noqa: E402
+from fa4_rowmax.softmax_base import (  # noqa: E402
+    H15_CLAMP,
+    H15_FOLD_CLAMP,
+    H15_ROUND,
+    H15_SNAP_ADD,
+    H15_SNAP_MASK,
+    off_mufu,
+)
 
 ARCH = "sm90"
 
@@ -59,6 +66,65 @@ def test_mufu_count_falls_as_beta_grows(ci_report):
     ex2 = dict(ci_report["checks"]["mufu_by_beta_rowmax_h15"])
     assert ex2[0.0] >= ci_report["stock"]["counts"]["MUFU.EX2"]  # beta 0: every weight through the MUFU
     assert _result(ci_report, mode="exact", beta=1.0)["counts"]["MUFU.EX2"] < ex2[0.5] < ex2[0.0]
+
+
+# The SM90 levers (docs/fa4_notes.md, "Hopper variants"), compiled through rowmax_attn_func.
+FOLD = dict(anchor_rounding="half_octave")
+LEVER_CONFIGS = [
+    dict(compile_check.DEFAULT_CONFIG, mode="rowmax_h15", levers=FOLD),
+    dict(compile_check.DEFAULT_CONFIG, mode="rowmax_h15", rescale_threshold=8.0, levers=dict(FOLD, rescale_vote=True)),
+    dict(compile_check.DEFAULT_CONFIG, mode="exact", levers=dict(rescale_vote=True)),
+]
+
+
+@pytest.fixture(scope="module")
+def lever_report(tmp_path_factory):
+    configs = [dict(compile_check.DEFAULT_CONFIG, mode="rowmax_h15")] + LEVER_CONFIGS
+    return compile_check.check_matrix(ARCH, configs, tmp_path_factory.mktemp(ARCH + "_levers"))
+
+
+def test_levers_compile(lever_report):
+    failed = [(r["config"], r.get("error", "")[-600:]) for r in lever_report["results"] if not r["ok"]]
+    assert not failed, failed
+
+
+def test_folded_h15_drops_the_round_add(lever_report):
+    """Note [Folded H15 with a half-octave anchor]: per element FFMA + clamp + LEA; the FADD left is the row sum."""
+    stock = lever_report["stock"]["counts"]
+    plain = _result(lever_report, mode="rowmax_h15")["counts"]
+    folded = _result(lever_report, mode="rowmax_h15", levers=FOLD)["counts"]
+    n_elements = stock["MUFU.EX2"] - folded["MUFU.EX2"]
+    assert plain["FADD"] - folded["FADD"] >= 0.9 * n_elements
+    assert abs(folded["FADD"] - stock["FADD"]) <= 0.1 * n_elements
+    assert folded["LEA"] - stock["LEA"] >= 0.9 * n_elements
+    assert folded["FFMA"] - stock["FFMA"] <= 0.1 * n_elements
+
+
+def test_rescale_vote_keeps_the_multiplies_behind_a_branch(lever_report):
+    """Note [Warp-vote rescale skip]: the FMULs of rescale_O stay (skipped at run time, not removed)."""
+    stock = lever_report["stock"]["counts"]
+    voted = _result(lever_report, mode="exact", levers=dict(rescale_vote=True))
+    assert voted["counts"]["FMUL"] == stock["FMUL"] and voted["counts"]["MUFU.EX2"] == stock["MUFU.EX2"]
+    assert voted["instructions"] > lever_report["stock"]["instructions"]  # the compares, votes and branches
+
+
+def test_folded_bit_trick_matches_h15_of_the_rounded_anchor():
+    """fl32(s * scale_log2 + (C - a)), clamped at C - 127, then (bits << 22) + bits(1.0), is H(s * scale_log2 - a)
+    with a the half octave nearest to m * scale_log2."""
+    rng = np.random.default_rng(0)
+    scale_log2 = np.float32(0.12751743)
+    s = np.concatenate([rng.normal(0, 40, 200_000), [-np.inf, -5000.0]]).astype(np.float32)
+    for m in np.float32([0.0, 3.3, -17.61, 101.37, 2500.9]):
+        addend = np.float32(np.float64(H15_ROUND) - np.float64(m) * np.float64(scale_log2))  # one FFMA
+        r = np.float32(s.astype(np.float64) * np.float64(scale_log2) + np.float64(addend))  # one FFMA
+        built = ((_bits(np.maximum(r, np.float32(H15_FOLD_CLAMP))).astype(np.uint64) << 22) + 0x3F800000)
+        anchor = np.float64(H15_ROUND) - np.float64(addend)
+        assert anchor * 2 == np.round(anchor * 2) and abs(anchor - np.float64(m) * scale_log2) <= 0.25
+        # H(x) with the one rounding the FFMA makes: n = round_half_even(2x) of the fp64 value (rounding x to
+        # fp32 first would round twice and move ties).
+        n = np.round(2.0 * (s.astype(np.float64) * np.float64(scale_log2) - anchor))
+        expected = np.where(n >= -254, (np.maximum(n, -254) + 254).astype(np.uint64) << 22, 0).astype(np.uint32)
+        assert np.array_equal(built.astype(np.uint32), expected), m
 
 
 @pytest.mark.slow
