@@ -163,3 +163,23 @@ def test_alu_bit_trick_matches_h15():
 def test_beta_picks_an_even_share(beta):
     picks = [off_mufu(i, 64, beta) for i in range(64)]
     assert sum(picks) == int(64 * beta)
+
+
+# --- the lever knobs on the host side (fa4_rowmax.interface) ----------------------------------------------------
+
+def test_lever_knobs_are_validated_and_keyed():
+    from fa4_rowmax.interface import SoftmaxStage, softmax_stage
+
+    with pytest.raises(ValueError, match="anchor_rounding must be one of"):
+        softmax_stage("rowmax_h15", anchor_rounding="third_octave")
+    with pytest.raises(ValueError, match="rowmax_h15' only"):
+        softmax_stage("exact", anchor_rounding="half_octave")
+    with pytest.raises(TypeError, match="rescale_vote must be a bool"):
+        softmax_stage("rowmax_h15", rescale_vote="yes")
+    voted = softmax_stage("exact", rescale_vote=True)
+    assert voted is not None and voted.rescale_vote  # exact + vote is a (stock-valued) stage, not stock FA4
+    folded = softmax_stage("rowmax_h15", anchor_rounding="half_octave")
+    assert folded != softmax_stage("rowmax_h15") and hash(folded) != hash(softmax_stage("rowmax_h15"))
+    assert folded.for_kernel(arch=90, q_dtype=torch.bfloat16).anchor_rounding == "half_octave"
+    with pytest.raises(ValueError, match="SM90"):
+        SoftmaxStage("rowmax_h15", rescale_vote=True).for_kernel(arch=100, q_dtype=torch.bfloat16)
