@@ -158,7 +158,7 @@ def _first(result) -> torch.Tensor:
 
 def _fa4_binder(knobs: dict) -> Callable:
     def bind(fn, q, k, v, causal):
-        return lambda: fn(q, k, v, causal=causal, **knobs)[0]
+        return lambda: _first(fn(q, k, v, causal=causal, **knobs))
     return bind
 
 
