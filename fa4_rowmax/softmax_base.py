@@ -17,7 +17,6 @@ element, which instruction sequence builds the weight:
 import math
 from fractions import Fraction
 
-import cutlass
 from cutlass import Float32
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass._mlir.dialects import llvm
@@ -104,23 +103,37 @@ _POT_CLAMP_HEX = _f32_hex(-float(POT_K_MAX))
 _NEG_INF_HEX = "0fFF800000"
 _H15_FOLD_CLAMP_HEX = _f32_hex(H15_FOLD_CLAMP)
 
+# The single-element H15 ops are one front end, which leaves the lattice point r = 1.5 * 2^22 + Q_half(x)
+# in register t, followed by one back end that turns r into the weight's bits.
+_REGS_T_B = "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
+# Front ends: clamp then round-add on x = $1 (Note [H15 in fp32 bits]), or the folded FFMA
+# $1 * $2 + $3 = s * scale_log2 + addend, then the clamp moved onto r
+# (Note [Folded H15 with a half-octave anchor]).
+_H15_CLAMP_ROUND = f"max.ftz.f32 t, $1, {_H15_CLAMP_HEX};\n\tadd.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
+_H15_FOLD_CLAMP = f"fma.rn.ftz.f32 t, $1, $2, $3;\n\tmax.ftz.f32 t, t, {_H15_FOLD_CLAMP_HEX};\n\t"
+# Back ends: shift-add on the ALU (Note [H15 in fp32 bits]), or ex2.approx of Q_half(x) = r - 1.5 * 2^22
+# snapped to the lattice (Note [H15 through the MUFU]).
+_H15_SHIFT_ADD = (
+    "mov.b32 b, t;\n\t"
+    "shl.b32 b, b, 22;\n\t"
+    # add.s32 lowers to LEA (ALU pipe) together with the shift; see flash_attn.cute.utils.
+    f"add.s32 b, b, {FP32_ONE_BITS};\n\t"
+    "mov.b32 $0, b;\n\t}\n"
+)
+_H15_MUFU_SNAP = (
+    f"sub.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
+    "ex2.approx.ftz.f32 t, t;\n\t"
+    "mov.b32 b, t;\n\t"
+    f"add.s32 b, b, {H15_SNAP_ADD};\n\t"
+    f"and.b32 b, b, 0x{H15_SNAP_MASK:08X};\n\t"
+    "mov.b32 $0, b;\n\t}\n"
+)
+
 
 @dsl_user_op
 def h15_alu(x: Float32, *, loc=None, ip=None) -> Float32:
     """H(x) from fp32 bits: clamp, round-add, shift-add (Note [H15 in fp32 bits])."""
-    return _asm_f32(
-        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
-        f"max.ftz.f32 t, $1, {_H15_CLAMP_HEX};\n\t"
-        f"add.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
-        "mov.b32 b, t;\n\t"
-        "shl.b32 b, b, 22;\n\t"
-        # add.s32 lowers to LEA (ALU pipe) together with the shift; see flash_attn.cute.utils.
-        f"add.s32 b, b, {FP32_ONE_BITS};\n\t"
-        "mov.b32 $0, b;\n\t}\n",
-        x,
-        loc=loc,
-        ip=ip,
-    )
+    return _asm_f32(_REGS_T_B + _H15_CLAMP_ROUND + _H15_SHIFT_ADD, x, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -157,20 +170,7 @@ def h15_alu_pair(x: Float32, y: Float32, *, loc=None, ip=None) -> tuple[Float32,
 @dsl_user_op
 def h15_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
     """H(x) through ex2.approx of Q_half(x), snapped to the lattice (Note [H15 through the MUFU])."""
-    return _asm_f32(
-        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
-        f"max.ftz.f32 t, $1, {_H15_CLAMP_HEX};\n\t"
-        f"add.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
-        f"sub.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
-        "ex2.approx.ftz.f32 t, t;\n\t"
-        "mov.b32 b, t;\n\t"
-        f"add.s32 b, b, {H15_SNAP_ADD};\n\t"
-        f"and.b32 b, b, 0x{H15_SNAP_MASK:08X};\n\t"
-        "mov.b32 $0, b;\n\t}\n",
-        x,
-        loc=loc,
-        ip=ip,
-    )
+    return _asm_f32(_REGS_T_B + _H15_CLAMP_ROUND + _H15_MUFU_SNAP, x, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -188,41 +188,13 @@ def h15_anchor_addend(row_max: Float32, scale_log2: Float32, *, loc=None, ip=Non
 @dsl_user_op
 def h15_folded_alu(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
     """H(s * scale_log2 - a): FFMA onto the lattice, clamp, shift-add (Note [Folded H15 with a half-octave anchor])."""
-    return _asm_f32(
-        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
-        "fma.rn.ftz.f32 t, $1, $2, $3;\n\t"
-        f"max.ftz.f32 t, t, {_H15_FOLD_CLAMP_HEX};\n\t"
-        "mov.b32 b, t;\n\t"
-        "shl.b32 b, b, 22;\n\t"
-        f"add.s32 b, b, {FP32_ONE_BITS};\n\t"
-        "mov.b32 $0, b;\n\t}\n",
-        s,
-        scale_log2,
-        addend,
-        loc=loc,
-        ip=ip,
-    )
+    return _asm_f32(_REGS_T_B + _H15_FOLD_CLAMP + _H15_SHIFT_ADD, s, scale_log2, addend, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def h15_folded_mufu(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
     """`h15_folded_alu` through ex2.approx of the lattice point, snapped (Note [H15 through the MUFU])."""
-    return _asm_f32(
-        "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t"
-        "fma.rn.ftz.f32 t, $1, $2, $3;\n\t"
-        f"max.ftz.f32 t, t, {_H15_FOLD_CLAMP_HEX};\n\t"
-        f"sub.rn.ftz.f32 t, t, {_H15_ROUND_HEX};\n\t"
-        "ex2.approx.ftz.f32 t, t;\n\t"
-        "mov.b32 b, t;\n\t"
-        f"add.s32 b, b, {H15_SNAP_ADD};\n\t"
-        f"and.b32 b, b, 0x{H15_SNAP_MASK:08X};\n\t"
-        "mov.b32 $0, b;\n\t}\n",
-        s,
-        scale_log2,
-        addend,
-        loc=loc,
-        ip=ip,
-    )
+    return _asm_f32(_REGS_T_B + _H15_FOLD_CLAMP + _H15_MUFU_SNAP, s, scale_log2, addend, loc=loc, ip=ip)
 
 
 @dsl_user_op
