@@ -240,6 +240,13 @@ class RowmaxSoftmaxMixin:
     Constexpr fields `mode` (str), `beta` (float or None) and `rescale_threshold` (float).
     """
 
+    @staticmethod
+    def stock_fields(softmax) -> tuple:
+        """The positional fields of FA4's `Softmax` / `SoftmaxSm100` (scale, row statistics, arch), in order;
+        `from_stock` passes them on so the subclass takes over the stage the kernel created."""
+        return (softmax.scale_log2, softmax.num_rows, softmax.row_max, softmax.row_sum, softmax.arch,
+                softmax.softmax_scale)
+
     def off_mufu(self, index: int, count: int) -> bool:
         beta = self.beta if self.beta is not None else (0.0 if self.mode == "exact" else 1.0)
         return off_mufu(index, count, beta)

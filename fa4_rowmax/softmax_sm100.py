@@ -33,12 +33,7 @@ class RowmaxSoftmaxSm100(RowmaxSoftmaxMixin, SoftmaxSm100):
     def from_stock(softmax: SoftmaxSm100, *, mode: str, beta: float | None, rescale_threshold: float):
         """Take over the row statistics and `max_offset` of the `SoftmaxSm100` the kernel created."""
         return RowmaxSoftmaxSm100(
-            softmax.scale_log2,
-            softmax.num_rows,
-            softmax.row_max,
-            softmax.row_sum,
-            softmax.arch,
-            softmax.softmax_scale,
+            *RowmaxSoftmaxMixin.stock_fields(softmax),
             rescale_threshold=rescale_threshold,
             max_offset=softmax.max_offset,
             mode=mode,

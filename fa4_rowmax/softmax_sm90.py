@@ -79,12 +79,7 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     ):
         """Take over the row statistics of the `Softmax` the kernel created."""
         return RowmaxSoftmaxSm90(
-            softmax.scale_log2,
-            softmax.num_rows,
-            softmax.row_max,
-            softmax.row_sum,
-            softmax.arch,
-            softmax.softmax_scale,
+            *RowmaxSoftmaxMixin.stock_fields(softmax),
             rescale_threshold=rescale_threshold,
             mode=mode,
             beta=beta,
