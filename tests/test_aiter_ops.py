@@ -23,12 +23,7 @@ BF16 = torch.bfloat16
 
 @pytest.fixture
 def kernel(monkeypatch):
-    from aiter_fused import attention
-
-    recording = RecordingKernel()
-    monkeypatch.setattr(attention, "fused_softmax_attention", recording.fused_softmax_attention)
-    monkeypatch.setattr(attention, "fused_softmax_attention_varlen", recording.fused_softmax_attention_varlen)
-    return recording
+    return RecordingKernel.patch_entries(monkeypatch)
 
 
 def _dense(seed=0, batch=2, seqlen_q=37, seqlen_k=45, heads_q=4, heads_k=2, head_dim=64):

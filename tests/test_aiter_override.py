@@ -64,12 +64,7 @@ def aiter_ops(_aiter_op_log):
 @pytest.fixture
 def kernel(monkeypatch):
     """OUR kernel entries replaced by recording CPU implementations."""
-    from aiter_fused import attention
-
-    recording = RecordingKernel()
-    monkeypatch.setattr(attention, "fused_softmax_attention", recording.fused_softmax_attention)
-    monkeypatch.setattr(attention, "fused_softmax_attention_varlen", recording.fused_softmax_attention_varlen)
-    return recording
+    return RecordingKernel.patch_entries(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

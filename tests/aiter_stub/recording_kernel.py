@@ -62,6 +62,16 @@ class RecordingKernel:
     def __init__(self):
         self.calls = []
 
+    @classmethod
+    def patch_entries(cls, monkeypatch) -> "RecordingKernel":
+        """A new recorder standing in for `aiter_fused.attention`'s two entries until `monkeypatch` undoes it."""
+        from aiter_fused import attention
+
+        recording = cls()
+        monkeypatch.setattr(attention, "fused_softmax_attention", recording.fused_softmax_attention)
+        monkeypatch.setattr(attention, "fused_softmax_attention_varlen", recording.fused_softmax_attention_varlen)
+        return recording
+
     def fused_softmax_attention(
         self, q, k, v, *, causal=False, softmax_scale=None, mx_format="mxfp8", exact=False,
         recovery_threshold=8.0, return_lse=True,
