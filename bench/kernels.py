@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 from typing import Callable, Mapping
 
@@ -108,19 +109,23 @@ def _import_failure(what: str, exc: BaseException) -> KernelUnavailable:
 
 
 @functools.cache
-def _fa4_lookup() -> tuple[Callable | None, str | None]:
+def _lookup(module: str, name: str) -> tuple[Callable | None, str | None]:
+    """`module.name`, imported once; (None, why) when the import fails."""
     try:
-        from flash_attn.cute import flash_attn_func
-    except Exception as exc:  # any import-time failure (no CUDA DSL, wrong torch) makes FA4 unavailable
-        return None, str(_import_failure("flash_attn.cute.flash_attn_func", exc))
-    return flash_attn_func, None
+        return getattr(importlib.import_module(module), name), None
+    except Exception as exc:  # any import-time failure (no CUDA DSL, wrong torch, no Triton) makes it unavailable
+        return None, str(_import_failure(f"{module}.{name}", exc))
 
 
-def _load_fa4() -> Callable:
-    fn, reason = _fa4_lookup()
+def _load(module: str, name: str) -> Callable:
+    fn, reason = _lookup(module, name)
     if fn is None:
         raise KernelUnavailable(reason)
     return fn
+
+
+def _load_fa4() -> Callable:
+    return _load("flash_attn.cute", "flash_attn_func")
 
 
 def _load_fa4_patched() -> Callable:
@@ -132,20 +137,8 @@ def _load_fa4_patched() -> Callable:
     return fn
 
 
-@functools.cache
-def _aiter_lookup() -> tuple[Callable | None, str | None]:
-    try:
-        from aiter_fused.attention import fused_softmax_attention
-    except Exception as exc:  # the Triton backend is optional: any import failure is reported, not raised
-        return None, str(_import_failure("aiter_fused.attention.fused_softmax_attention", exc))
-    return fused_softmax_attention, None
-
-
 def _load_aiter() -> Callable:
-    fn, reason = _aiter_lookup()
-    if fn is None:
-        raise KernelUnavailable(reason)
-    return fn
+    return _load("aiter_fused.attention", "fused_softmax_attention")
 
 
 def _load_sdpa() -> Callable:
@@ -164,11 +157,7 @@ def _fa4_binder(knobs: dict) -> Callable:
 
 def _load_rowmax_levers() -> Callable:
     _load_fa4_patched()
-    try:
-        from fa4_rowmax.interface import rowmax_attn_func
-    except Exception as exc:
-        raise _import_failure("fa4_rowmax.interface.rowmax_attn_func", exc) from None
-    return rowmax_attn_func
+    return _load("fa4_rowmax.interface", "rowmax_attn_func")
 
 
 def _rowmax_levers_unsupported(dtype: str, capability: tuple[int, int]) -> str | None:
