@@ -36,7 +36,8 @@ H15_CLAMP_LOW = -127.0
 H15_CLAMP_HIGH = 128.0
 # Smallest n = round_half_even(2x) for which H is a normal fp32 number (H = 2^-126).
 _H15_MIN_NORMAL_N = -252
-_ROUND_TO_HALF_MAGIC = 1.5 * 2.0**22
+# Adding it to an fp32 in (-2**21, 2**21) rounds it to the nearest half, ties to even (ulp 0.5 in [2**22, 2**23)).
+ROUND_TO_HALF_MAGIC = 1.5 * 2.0**22
 _BITS_OF_ONE = 0x3F800000
 
 
@@ -89,7 +90,7 @@ def h15_bits(x: torch.Tensor) -> torch.Tensor:
     NaN stays NaN. Bit-identical to `h15`.
     """
     _check_float32("x", x)
-    rounded = x.clamp(H15_CLAMP_LOW, H15_CLAMP_HIGH) + _ROUND_TO_HALF_MAGIC
+    rounded = x.clamp(H15_CLAMP_LOW, H15_CLAMP_HIGH) + ROUND_TO_HALF_MAGIC
     # int32 arithmetic wraps mod 2^32 like the kernel's 32-bit integer ops.
     bits = (rounded.view(torch.int32) << 22) + _BITS_OF_ONE
     return torch.where(torch.isnan(x), x, bits.view(torch.float32))

@@ -76,7 +76,7 @@ import torch
 
 from fa4_rowmax import fused_softmax
 from fa4_rowmax.config import SoftmaxConfig
-from fa4_rowmax.exp_approx import h15_bits, pot
+from fa4_rowmax.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
 from fa4_rowmax.hif8 import round_to_hif8
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -331,13 +331,10 @@ def _fa4_weights(y: torch.Tensor, tile: _Tile, config: SoftmaxConfig) -> torch.T
     return p
 
 
-_H15_ROUND = 1.5 * 2**22
-
-
 def _half_octave_anchor(m: torch.Tensor, scale_log2: float) -> torch.Tensor:
     """a = C - fl32(C - m * scale_log2), C = 1.5 * 2**22 (Note [Weights per mode]); -inf stays -inf."""
-    addend = (_H15_ROUND - m.double() * scale_log2).float().double()
-    return (_H15_ROUND - addend).to(m.dtype)
+    addend = (ROUND_TO_HALF_MAGIC - m.double() * scale_log2).float().double()
+    return (ROUND_TO_HALF_MAGIC - addend).to(m.dtype)
 
 
 def _anchor(m: torch.Tensor, scale_log2: float, config: SoftmaxConfig) -> torch.Tensor:
