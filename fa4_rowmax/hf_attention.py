@@ -298,7 +298,8 @@ def make_attention_function(mode: str, backend: str = "reference") -> Callable:
             raise ValueError(f"dropout must be 0 ({mode} is inference-only), got {dropout}")
         for unsupported in ("softcap", "sliding_window", "s_aux"):
             if kwargs.get(unsupported) is not None:
-                raise ValueError(f"{unsupported} is not supported by attention mode {mode!r}")
+                raise ValueError(f"{unsupported} must be None for attention mode {mode!r} (not supported), "
+                                 f"got {kwargs[unsupported]!r}")
         is_causal = kwargs.get("is_causal")
         is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
         state = getattr(module, STATE_ATTRIBUTE, None)

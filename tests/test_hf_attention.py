@@ -159,6 +159,8 @@ def test_bad_input_is_rejected():
         function(module, q, kv, kv, window[None, None])
     with pytest.raises(ValueError, match="dropout"):
         function(module, q, kv, kv, None, dropout=0.1)
+    with pytest.raises(ValueError, match="softcap must be None"):
+        function(module, q, kv, kv, None, softcap=30.0)
 
 
 @pytest.mark.gpu
