@@ -22,7 +22,6 @@ import argparse
 import datetime
 import functools
 import json
-import math
 import os
 import subprocess
 import sys
