@@ -267,28 +267,3 @@ def fa4_backend(
     backend.__name__ = f"fa4_{softmax_mode}"
     return backend
 
-
-def fa4_varlen_backend(
-    softmax_mode: str = "exact",
-    *,
-    rescale_threshold: Optional[float] = None,
-    beta: Optional[float] = None,
-    softmax_scale: Optional[float] = None,
-):
-    """Varlen twin of `fa4_backend`: `(q, k, v, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`."""
-    stage = softmax_stage(softmax_mode, rescale_threshold, beta)
-    from flash_attn.cute import flash_attn_varlen_func
-
-    if stage is not None and not is_fa4_patched():
-        raise RuntimeError("this softmax setting needs the patched FlashAttention-4: run `python scripts/fa4_patch.py apply`")
-    knobs = {} if stage is None else dict(softmax_mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
-
-    def backend(q, k, v, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None):
-        with torch.no_grad():
-            return flash_attn_varlen_func(
-                q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, return_lse=True, **knobs,
-            )
-
-    backend.__name__ = f"fa4_varlen_{softmax_mode}"
-    return backend
