@@ -17,3 +17,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+# Helper modules whose asserts should report like a test's.
+pytest.register_assert_rewrite("compile_helpers")

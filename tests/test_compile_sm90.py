@@ -4,20 +4,23 @@ Each configuration compiles in its own subprocess against private FA4 copies (sc
 The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow) (dtypes x causal x head dim x GQA/varlen x modes).
 """
 
-import os
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 pytest.importorskip("flash_attn.cute")
 pytest.importorskip("triton")
 
-import compile_check  # noqa: E402
+from compile_helpers import (  # noqa: E402
+    DEFAULT_CONFIG,
+    assert_every_configuration_compiled,
+    assert_full_matrix_passes,
+    assert_mufu_count_falls_as_beta_grows,
+    ci_report as compile_ci_report,
+    compile_configs,
+    full_matrix_only_on_request,
+    result as _result,
+)
 from fa4_rowmax.exp_approx import h15  # noqa: E402
 from fa4_rowmax.softmax_base import (  # noqa: E402
     H15_CLAMP,
@@ -33,17 +36,11 @@ ARCH = "sm90"
 
 @pytest.fixture(scope="module")
 def ci_report(tmp_path_factory):
-    return compile_check.check_matrix(ARCH, compile_check.ci_matrix(ARCH), tmp_path_factory.mktemp(ARCH))
-
-
-def _result(report, **config):
-    want = dict(compile_check.DEFAULT_CONFIG, **config)
-    return next(r for r in report["results"][:-1] if r["config"] == want)
+    return compile_ci_report(ARCH, tmp_path_factory)
 
 
 def test_every_configuration_compiles(ci_report):
-    failed = [(r["config"], r.get("error", "")[-600:]) for r in ci_report["results"] if not r["ok"]]
-    assert not failed, failed
+    assert_every_configuration_compiled(ci_report)
 
 
 def test_exact_compiles_to_the_same_sass_as_stock_fa4(ci_report):
@@ -62,30 +59,26 @@ def test_h15_moves_the_exponential_off_the_mufu(ci_report):
 
 
 def test_mufu_count_falls_as_beta_grows(ci_report):
-    assert ci_report["checks"]["mufu_falls_with_beta_rowmax_h15"]
-    ex2 = dict(ci_report["checks"]["mufu_by_beta_rowmax_h15"])
-    assert ex2[0.0] >= ci_report["stock"]["counts"]["MUFU.EX2"]  # beta 0: every weight through the MUFU
-    assert _result(ci_report, mode="exact", beta=1.0)["counts"]["MUFU.EX2"] < ex2[0.5] < ex2[0.0]
+    assert_mufu_count_falls_as_beta_grows(ci_report)
 
 
 # The SM90 levers (docs/fa4_notes.md, "Hopper variants"), compiled through rowmax_attn_func.
 FOLD = dict(anchor_rounding="half_octave")
 LEVER_CONFIGS = [
-    dict(compile_check.DEFAULT_CONFIG, mode="rowmax_h15", levers=FOLD),
-    dict(compile_check.DEFAULT_CONFIG, mode="rowmax_h15", rescale_threshold=8.0, levers=dict(FOLD, rescale_vote=True)),
-    dict(compile_check.DEFAULT_CONFIG, mode="exact", levers=dict(rescale_vote=True)),
+    dict(DEFAULT_CONFIG, mode="rowmax_h15", levers=FOLD),
+    dict(DEFAULT_CONFIG, mode="rowmax_h15", rescale_threshold=8.0, levers=dict(FOLD, rescale_vote=True)),
+    dict(DEFAULT_CONFIG, mode="exact", levers=dict(rescale_vote=True)),
 ]
 
 
 @pytest.fixture(scope="module")
 def lever_report(tmp_path_factory):
-    configs = [dict(compile_check.DEFAULT_CONFIG, mode="rowmax_h15")] + LEVER_CONFIGS
-    return compile_check.check_matrix(ARCH, configs, tmp_path_factory.mktemp(ARCH + "_levers"))
+    configs = [dict(DEFAULT_CONFIG, mode="rowmax_h15")] + LEVER_CONFIGS
+    return compile_configs(ARCH, configs, tmp_path_factory, ARCH + "_levers")
 
 
 def test_levers_compile(lever_report):
-    failed = [(r["config"], r.get("error", "")[-600:]) for r in lever_report["results"] if not r["ok"]]
-    assert not failed, failed
+    assert_every_configuration_compiled(lever_report)
 
 
 def test_folded_h15_drops_the_round_add(lever_report):
@@ -128,10 +121,9 @@ def test_folded_bit_trick_matches_h15_of_the_rounded_anchor():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("FA4_FULL_COMPILE_MATRIX") != "1", reason="set FA4_FULL_COMPILE_MATRIX=1 (about 30 min)")
+@full_matrix_only_on_request
 def test_full_matrix(tmp_path):
-    report = compile_check.check_matrix(ARCH, compile_check.full_matrix(ARCH), tmp_path)
-    assert all(v for k, v in report["checks"].items() if not k.startswith("mufu_by_beta")), report["checks"]
+    assert_full_matrix_passes(ARCH, tmp_path)
 
 
 # --- the instruction sequences' arithmetic, emulated in numpy float32 (no GPU) -----------------------
