@@ -6,9 +6,10 @@
 same kernel with online softmax, exact exp2 and unquantized BF16 operands (``mx_format`` is then
 checked but not used).
 
-Q and K are MX-quantized along head_dim and V along keys (per sequence) here, before the launch,
-into e4m3-container elements (``torch.float8_e4m3fn``) and E8M0 bytes (uint8); P is quantized inside
-the kernel. ``dot_mode`` picks how the kernel multiplies them (Note [MX dots, per architecture] in
+Q and K are MX-quantized along head_dim and V along keys (per sequence) before the launch, by the
+Triton kernels of ``quantize.py`` (bit-exact to ``fa4_rowmax.mx``), into e4m3-container elements
+(``torch.float8_e4m3fn``) and E8M0 bytes (uint8); P is quantized inside the kernel. ``dot_mode``
+picks how the kernel multiplies them (Note [MX dots, per architecture] in
 ``kernel.py``): ``"scaled"`` (native MX dots: gfx950, NVIDIA capability >= 10), ``"fp8"`` (Hopper's
 FP8 tensor cores, block scales outside 32-wide dots; the default on capability 9.x) or ``"bf16"``
 (exactly dequantized BF16 dots: the default elsewhere, and the fallback). For ``"fp8"`` V's elements
@@ -34,14 +35,13 @@ from fa4_rowmax.fused_softmax import (
     operand_element_format,
     p_element_format,
 )
-from fa4_rowmax.mx import ELEMENT_FORMATS, MX_BLOCK, exact_pow2, quantize_mx, rceil_scale_exponent, round_to_element
+from fa4_rowmax.mx import ELEMENT_FORMATS
 
 __all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "DOT_MODES", "HEAD_DIMS", "TILE_SIZES"]
 
 HEAD_DIMS = (32, 64, 128, 256)
 TILE_SIZES = (32, 64, 128)
 DOT_MODES = ("bf16", "fp8", "scaled")
-_E4M3 = ELEMENT_FORMATS["e4m3"]
 
 
 def _interpreting() -> bool:
@@ -89,54 +89,6 @@ def _check_dot_mode(dot_mode) -> None:
         raise ValueError(f"dot_mode must be None (by architecture) or one of {DOT_MODES}; got {dot_mode!r}")
 
 
-def _check_fits_e4m3(fmt: str) -> None:
-    """Every element of ``fmt`` must be an e4m3 value: the kernel's container (and the FP8 dots'
-    operand type). True for e4m3, e2m3 and e2m1; checked so that a new format cannot slip through."""
-    spec = ELEMENT_FORMATS[fmt]
-    if (spec.mantissa_bits > _E4M3.mantissa_bits or spec.max_normal > _E4M3.max_normal
-            or spec.min_normal_exponent - spec.mantissa_bits < _E4M3.min_normal_exponent - _E4M3.mantissa_bits):
-        raise ValueError(f"element format {fmt} does not fit the kernel's e4m3 container")
-
-
-def _quantize_v_per_sequence(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor):
-    """V (total_k, heads_k, head_dim) in MX blocks of 32 keys that restart at every sequence.
-    Returns (elements, scale (blocks, heads_k, head_dim) uint8, cu_blocks (batch + 1) int32). ``blocks``
-    is a bound known without reading ``cu_seqlens_k`` back (each sequence ends at most one partial
-    block): the blocks past the last sequence's are never read."""
-    total = v.shape[0]
-    cu = cu_seqlens_k.to(torch.int64)
-    blocks_per_seq = (cu[1:] - cu[:-1] + MX_BLOCK - 1) // MX_BLOCK
-    cu_blocks = torch.zeros_like(cu)
-    cu_blocks[1:] = torch.cumsum(blocks_per_seq, 0)
-    keys = torch.arange(total, device=v.device)
-    seq_of_key = torch.searchsorted(cu[1:], keys, right=True)
-    block_of_key = cu_blocks[seq_of_key] + (keys - cu[seq_of_key]) // MX_BLOCK
-    num_blocks = total // MX_BLOCK + cu.numel() - 1
-
-    values = v.float()
-    finite = torch.isfinite(values)
-    amax = torch.zeros(num_blocks, *v.shape[1:], device=v.device)
-    index = block_of_key[:, None, None].expand_as(values)
-    amax.scatter_reduce_(0, index, torch.where(finite, values.abs(), 0.0), "amax")
-    poisoned = torch.zeros(num_blocks, *v.shape[1:], device=v.device)
-    poisoned = poisoned.index_add_(0, block_of_key, (~finite).float()) > 0
-    exponent = rceil_scale_exponent(amax, fmt)
-    elements = round_to_element(values * exact_pow2(-exponent[block_of_key], torch.float32), fmt)
-    elements = torch.where(poisoned[block_of_key], float("nan"), elements)
-    scale = torch.where(poisoned, 255, exponent + 127).to(torch.uint8)
-    return elements.to(torch.float8_e4m3fn), scale, cu_blocks.to(torch.int32)
-
-
-def _transposed_for_fp8(v_elements: torch.Tensor) -> torch.Tensor:
-    """V's elements as a (total_k, heads_k, head_dim) view of (heads_k, head_dim, keys) storage, keys
-    contiguous and padded to 16 (so the head_dim stride keeps 16-byte alignment): the FP8 dot's B
-    operand K-major (Note [MX dots, per architecture])."""
-    total, heads_k, head_dim = v_elements.shape
-    storage = torch.zeros(heads_k, head_dim, -(-total // 16) * 16, dtype=v_elements.dtype, device=v_elements.device)
-    storage[:, :, :total] = v_elements.permute(1, 2, 0)
-    return storage[:, :, :total].permute(2, 0, 1)
-
-
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale, mx_format, exact,
             recovery_threshold, tile_n, dot_mode, return_recoveries):
     """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
@@ -144,6 +96,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     import triton.language as tl
 
     from aiter_fused.kernel import _fused_softmax_attn_fwd
+    from aiter_fused.quantize import check_fits_e4m3, quantize_head_dim, quantize_keys
 
     check_mx_format(mx_format)
     recovery_threshold = check_recovery_threshold(recovery_threshold)
@@ -169,14 +122,11 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
         cu_blocks = torch.zeros_like(cu_seqlens_k)
     else:
         fmt = operand_element_format(mx_format)
-        _check_fits_e4m3(fmt)
-        _check_fits_e4m3(p_element_format(mx_format))
-        q_scale, q_elements = quantize_mx(q, fmt, dim=-1)
-        k_scale, k_elements = quantize_mx(k, fmt, dim=-1)
-        q_in, k_in = q_elements.to(torch.float8_e4m3fn), k_elements.to(torch.float8_e4m3fn)
-        v_in, v_scale, cu_blocks = _quantize_v_per_sequence(v, fmt, cu_seqlens_k)
-        if dot_mode == "fp8":
-            v_in = _transposed_for_fp8(v_in)
+        check_fits_e4m3(fmt)
+        check_fits_e4m3(p_element_format(mx_format))
+        q_scale, q_in = quantize_head_dim(q, fmt)
+        k_scale, k_in = quantize_head_dim(k, fmt)
+        v_in, v_scale, cu_blocks = quantize_keys(v, fmt, cu_seqlens_k, keys_contiguous=dot_mode == "fp8")
     p_spec = ELEMENT_FORMATS[p_element_format(mx_format)]
     p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
 

@@ -37,12 +37,60 @@ Note [FP8 accumulation]
 Each 32-element FP8 dot starts from a zero accumulator and is added to the fp32 scores/output by an
 ordinary fp32 multiply-add (the scale factor is a power of two, so the product is exact): the only
 sums done inside the tensor core are the 32 products of one scale block. Hopper's FP8 MMA keeps
-fewer than fp32's 24 bits while it adds those products (about 14, per DeepSeek-V3's report), so on
-the GPU a 32-product sum can be off by about 2**-14 of its largest product, where the BF16 path is
-off by fp32 rounding only. Through the Schraudolph bits (steps of 2**-7 in log2 units) that moves a
-few more P elements by one step of their grid; the kernel still agrees with the reference "to
-rounding" (same tolerances; ``scripts/aiter_fused_numerics.py`` measures it on the GPU). Under the
-interpreter the sums are fp32.
+fewer than fp32's 24 bits while it adds those products (an e8m13 accumulator, truncating, per
+DeepSeek-V3's report and SageAttention2's measurements), where the BF16 path is off by fp32
+rounding only. Under the interpreter the sums are fp32, so the "fp8" path matches the reference
+to ~1e-6 in the LSE there, at the numerics script's varlen shape too (kernel logic, V layout, scale
+indexing and short-sequence masking are exact). On the H200 (2026-11-29) its LSE differed by up to
+6.4e-3 (varlen), 1.1e-2 (varlen causal) and 2.8e-3 / 4.6e-3 (dense, head_dim 64), against ~1e-6 for
+the fp32-summing modes, with outputs within 2.7e-3 of the "bf16" mode.
+
+That is the accumulator, not a bug. A CPU emulation of the kernel with the e8m13 truncating sum in
+place of each 32-product dot (the script's shapes, CPU seeds) reproduces it. In the varlen causal
+case scores move by ~4e-5 log2 units (median; max ~6e-4), 1.5% of the Schraudolph BF16 P elements
+move by one BF16 step (2**-7 in log2 units), and 0.09% of all P elements, those of the moved ones
+that sit on an e4m3 rounding boundary (BF16 keeps 4 more bits), move by a whole e4m3 step, 1/16 to
+1/8 of the element. One such step moves the row's LSE by about ln(1 + step / row_sum): ~1e-3 in
+rows of 500-1000 keys, but 1e-2 in rows of 5-64 keys, which the varlen case has (a 5-key sequence,
+and 129 queries on 64 keys causal: rows of 1-64 keys). Worst
+emulated row: 9 keys, row sum 2.57, one element 0.3574 -> 0.3594 in BF16, a tie in e4m3, so
+0.34375 -> 0.375: LSE +1.2e-2. The emulated maxima (varlen 4.6e-3 to 6.7e-3, causal 7.6e-3 to 2.0e-2;
+dense head_dim 64 3e-3 to 8.9e-3) bracket the H200's, and it gives MXFP6/MXFP4 the same exact or
+near-exact agreement the H200 showed (their e2m3/e2m1 products lie on a grid the narrow accumulator
+holds). The frozen max moves by ~1e-4 log2 units in nearly every row, which shifts all of a row's
+Schraudolph arguments alike, but the LSE takes the same shift back (m + log2(row_sum)); recovery
+decisions agree unless a tile max lies within ~1e-4 of the threshold. The median LSE difference
+stays ~6e-5 and the 99th percentile below ~2e-3: ``scripts/aiter_fused_numerics.py`` checks the
+"fp8" LSE against those (its Note [FP8 LSE tolerance]), the other modes against the fp32 bound.
+
+Note [Where the time goes on Hopper]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+H200 bench of 2026-11-29 (batch * seqlen = 32K, 16 heads, head_dim 128, BF16, seqlen 8K): default
+"fp8" mode 51.3 ms causal / 76.1 ms non-causal; the ``exact=True`` twin 5.04 / 8.74 ms; FA4 1.57 / 2.90
+ms. If the kernel's time doubles from causal to non-causal and the per-call host work does not (an
+assumption, not a measurement), the fused call is ~24.7 ms of kernel plus ~26.6 ms per call, the twin
+~3.7 ms plus ~1.3 ms. The per-call part fits the torch MX pre-pass of Q/K/V that ``quantize.py`` now
+replaces (its Note [Cost of the pre-pass]: ~58 GB of memory traffic at this shape, against ~0.6 GB).
+
+Kernel, estimated per score element (one query row x one key), in CUDA-core lane instructions (an FMA
+counts one), read off the source for head_dim 128, BLOCK_N 128, not off SASS:
+- exact twin: scale and mask 2-3, row max 1, exp2 argument 1 plus one MUFU.EX2, row sum 1, BF16
+  convert 0.5, O rescale (head_dim / BLOCK_N) 1: ~8 and one MUFU.
+- "fp8": QK^T block scales, a factor product and an FMA per 32-wide head-dim chunk: 8; K and V scale
+  byte decodes (~8 ops per key and chunk, per V block and lane, repeated for the rows a thread holds):
+  ~2-4; scale and mask 3; tile max 1; Schraudolph bits ~12 (clamps, FMA, convert, NaN and -inf
+  selects); MX quantization of P ~15 (block max, ``_round_to_element``'s NaN-keeping clamps, two
+  bit-built powers of two, the magic add/sub); row sum 1; e4m3 convert 0.5; P@V block scales, a factor
+  product and an FMA per output element per 32 keys: 8. About 50-55, ~6.5x the twin's, close to the
+  ~6.7x kernel-time ratio above: the fused kernel looks bound by its CUDA-core issue, like the twin.
+  On top, 20 small wgmma per 128-key tile (16 m64n32k32 for QK^T, 4 for P@V), each waited for before
+  its scale can be applied, so tensor-core and CUDA-core work do not overlap.
+Unmeasured levers, in order of the estimate: BF16 operands dequantized once per call (exact; plain
+BF16 dots, no scale FMAs or decodes, fp32 sums, so also no Note [FP8 accumulation]) would leave
+~30-35; for MXFP8 P, the hardware e4m3 conversion (round to nearest even, subnormals; P never
+saturates) does ``_round_to_element``'s work in one instruction (Triton's interpreter converts
+differently, so only a GPU test can hold it to ``mx.py``); tile and warp tuning (the twin is 3.2x
+slower than FA4).
 
 Note [Kernel rounding vs the reference]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,0 +1,208 @@
+"""MX quantization of the attention operands (Q, K, V) as Triton kernels, bit-exact to ``fa4_rowmax.mx``.
+
+The kernel in ``kernel.py`` takes its operands pre-quantized: e4m3-container elements and one E8M0 byte
+per block of 32 along the reduction dim (Q and K along head_dim, V along keys, per sequence). Done with
+``fa4_rowmax.mx.quantize_mx`` in torch, that pre-pass is some 200 elementwise ops over fp32 copies of
+the operands per call (about 58 GB of memory traffic at batch 4, seqlen 8K, 16 heads, head_dim 128:
+Note [Cost of the pre-pass]); here it is one read of each BF16 operand and one write of its elements
+and scales (about 0.6 GB at that shape).
+
+``quantize_head_dim(x, fmt)``: x (tokens, heads, head_dim) -> (scale uint8 (tokens, heads, head_dim // 32),
+elements float8_e4m3fn like x), the values ``quantize_mx(x, fmt, dim=-1)`` gives.
+``quantize_keys(v, fmt, cu_seqlens_k, keys_contiguous=False)``: v (total_k, heads_k, head_dim) in blocks of
+32 keys that restart at every sequence -> (elements, scale uint8 (blocks, heads_k, head_dim), cu_blocks
+int32 (batch + 1)), each sequence's blocks the values ``quantize_mx(v[start:end], fmt, dim=0)`` gives.
+``keys_contiguous=True`` writes the elements transposed (the FP8 dot's K-major V, Note [MX dots, per
+architecture] in ``kernel.py``). Neither reads GPU data back to the host (CUDA-graph capturable).
+
+Note [Bit-exact to mx.py]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+The scale is RCEIL from the bits of the block maximum and the elements are rounded to nearest even
+by the ``1.5 * 2**23`` addition (``kernel.py``'s ``_rceil_exponent`` and ``_round_to_element``, see its
+Note [Kernel rounding vs the reference]); for BF16 inputs both equal ``mx.py``'s division and frexp
+route (tests/test_aiter_quantize.py checks random, tiny, huge, zero, subnormal, NaN and Inf blocks).
+Two details ``_round_to_element`` leaves aside because P is never negative and never poisoned here:
+the sign of a zero (a negative value that rounds to zero is -0, as in ``mx.py``: the input's sign bit
+is put back) and non-finite inputs (a block holding a NaN or an infinity gets scale byte 255 and NaN
+elements, mx.py's Note [Special values]). The element store converts exact e4m3 values: no rounding
+happens in the conversion.
+
+Note [Cost of the pre-pass]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Counted on the CPU with a torch dispatch mode around the host part of ``fused_softmax_attention``
+(kernel launch stubbed), batch 1, seqlen 8192, 16 heads, head_dim 128, ``dot_mode="fp8"``, with the
+torch pre-pass this module replaces: 264 aten calls (207 not views), 8.13 GB read and 6.32 GB written,
+no float64. Bytes scale with the tokens, so the H200 bench shape (batch 4) moves about 58 GB per call:
+some 15-25 ms of HBM time at 2.5-4 TB/s, the same order as the ~27 ms by which the H200 run's causal
+and non-causal timings put the per-call overhead of ``aiter_mxfp8`` (see ``kernel.py``, Note [Where
+the time goes on Hopper]). Estimates, not GPU measurements.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from aiter_fused.kernel import _rceil_exponent, _round_to_element
+from fa4_rowmax.mx import ELEMENT_FORMATS, MX_BLOCK, element_format
+
+__all__ = ["check_fits_e4m3", "quantize_head_dim", "quantize_keys"]
+
+
+@triton.jit
+def _bf16_bits_to_fp32(bits):
+    """BF16 values loaded as their int16 bits -> fp32, exactly (subnormals included). Triton's CPU
+    interpreter (3.x) flushes BF16 subnormals in ``.to(tl.float32)``; on a GPU this is the same shift."""
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_block(x, AXIS: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr,
+                    MAX_NORMAL: tl.constexpr, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+    """MX-quantize fp32 ``x`` in blocks along ``AXIS`` (the block is that whole axis). Returns (the
+    elements as e4m3 bytes (uint8), NaN in poisoned blocks; biased scale bytes as int32, 255 for
+    poisoned blocks). Note [Bit-exact to mx.py]."""
+    finite = tl.abs(x) < float("inf")  # False for NaN and +-Inf
+    amax = tl.max(tl.where(finite, tl.abs(x), 0.0), axis=AXIS)
+    poisoned = tl.max((~finite).to(tl.int32), axis=AXIS) > 0
+    exponent = _rceil_exponent(amax, MAX_MANTISSA_BITS, MAX_EXPONENT)
+    # -exponent is in [-126, 127] for BF16 inputs (amax < 2**128), the range of the bit-built 2**n.
+    factor = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
+    elements = _round_to_element(x * tl.expand_dims(factor, AXIS), MANTISSA, MIN_EXPONENT, MAX_NORMAL)
+    sign = x.to(tl.int32, bitcast=True) & -2147483648  # 0x80000000: the input's sign bit
+    elements = (elements.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    # e4m3 bytes, NaN written as its byte (0x7F): the conversion is exact for grid values, but how it
+    # treats a NaN differs between backends (Triton's interpreter saturates it).
+    element_bytes = elements.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    element_bytes = tl.where(tl.expand_dims(poisoned, AXIS), 0x7F, element_bytes)
+    return element_bytes, tl.where(poisoned, 255, exponent + 127)
+
+
+@triton.jit
+def _quantize_head_dim_kernel(X, Elements, Scale, tokens,
+                              stride_xt, stride_xh, stride_xd, stride_et, stride_eh, stride_st, stride_sh,
+                              HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+                              MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
+                              MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+    """One program: BLOCK_T tokens of one head, every MX block of their head_dim."""
+    head = tl.program_id(1)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = (offs_t < tokens)[:, None]
+    rows = offs_t.to(tl.int64)[:, None]
+    x = _bf16_bits_to_fp32(tl.load(X + rows * stride_xt + head * stride_xh + offs_d[None, :] * stride_xd, mask=ok,
+                                   other=0))
+    blocks = tl.reshape(x, (BLOCK_T, HEAD_DIM // 32, 32))
+    elements, scale = _quantize_block(blocks, 2, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS,
+                                      MAX_EXPONENT)
+    elements = tl.reshape(elements, (BLOCK_T, HEAD_DIM))
+    tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :],
+             elements.to(tl.uint8), mask=ok)
+    offs_s = tl.arange(0, HEAD_DIM // 32)
+    tl.store(Scale + rows * stride_st + head * stride_sh + offs_s[None, :], scale.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _quantize_keys_kernel(V, Elements, Scale, cu_seqlens, cu_blocks, seq_of_block, batch,
+                          stride_vt, stride_vh, stride_vd, stride_et, stride_eh, stride_ed, stride_sb, stride_sh,
+                          HEAD_DIM: tl.constexpr,
+                          MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
+                          MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+    """One program: one MX block (32 keys of one sequence) of one head, every head_dim lane. Blocks past
+    the last sequence's (the grid is a bound, see ``quantize_keys``) return at once."""
+    block = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(seq_of_block + block)
+    if seq >= batch:
+        return
+    key_end = tl.load(cu_seqlens + seq + 1)
+    keys = tl.load(cu_seqlens + seq) + (block - tl.load(cu_blocks + seq)) * 32 + tl.arange(0, 32)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = (keys < key_end)[:, None]
+    rows = keys.to(tl.int64)[:, None]
+    x = _bf16_bits_to_fp32(tl.load(V + rows * stride_vt + head * stride_vh + offs_d[None, :] * stride_vd, mask=ok,
+                                   other=0))
+    elements, scale = _quantize_block(x, 0, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT)
+    tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
+             elements.to(tl.uint8), mask=ok)
+    tl.store(Scale + block.to(tl.int64) * stride_sb + head * stride_sh + offs_d, scale.to(tl.uint8))
+
+
+def check_fits_e4m3(fmt: str) -> None:
+    """Every element of ``fmt`` must be an e4m3 value: the container the kernels store (and the FP8
+    dots' operand type). True for e4m3, e2m3 and e2m1; checked so that a new format cannot slip through."""
+    spec, e4m3 = element_format(fmt), ELEMENT_FORMATS["e4m3"]
+    if (spec.mantissa_bits > e4m3.mantissa_bits or spec.max_normal > e4m3.max_normal
+            or spec.min_normal_exponent - spec.mantissa_bits < e4m3.min_normal_exponent - e4m3.mantissa_bits):
+        raise ValueError(f"element format {fmt} does not fit the kernels' e4m3 container")
+
+
+def _format_constants(fmt: str) -> dict:
+    check_fits_e4m3(fmt)
+    spec = element_format(fmt)
+    max_bits = torch.tensor(spec.max_normal, dtype=torch.float32).view(torch.int32).item()
+    return dict(MANTISSA=spec.mantissa_bits, MIN_EXPONENT=spec.min_normal_exponent, MAX_NORMAL=spec.max_normal,
+                MAX_MANTISSA_BITS=max_bits & 0x7FFFFF, MAX_EXPONENT=((max_bits >> 23) & 0xFF) - 127)
+
+
+def _check_operand(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"{name} must be bfloat16; got {x.dtype}")
+    if x.dim() != 3 or x.shape[-1] % MX_BLOCK or x.shape[-1] & (x.shape[-1] - 1):
+        raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim) with head_dim a power of two and a "
+                         f"multiple of {MX_BLOCK}; got shape {tuple(x.shape)}")
+
+
+def quantize_head_dim(x: torch.Tensor, fmt: str):
+    """MX-quantize ``x`` (tokens, heads, head_dim), BF16, in blocks of 32 along head_dim. Returns
+    ``(scale, elements)`` like ``quantize_mx(x, fmt, dim=-1)``: scale uint8 (tokens, heads, head_dim // 32),
+    elements ``torch.float8_e4m3fn`` (every element format fits e4m3)."""
+    _check_operand("x", x)
+    constants = _format_constants(fmt)
+    tokens, heads, head_dim = x.shape
+    elements = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(tokens, heads, head_dim // MX_BLOCK, dtype=torch.uint8, device=x.device)
+    block_t = 16
+    if tokens and heads:
+        _quantize_head_dim_kernel[(triton.cdiv(tokens, block_t), heads)](
+            x.view(torch.int16), elements.view(torch.uint8), scale, tokens, *x.stride(), elements.stride(0),
+            elements.stride(1),
+            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, BLOCK_T=block_t, **constants, num_warps=4)
+    return scale, elements
+
+
+def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_contiguous: bool = False):
+    """MX-quantize ``v`` (total_k, heads_k, head_dim), BF16, in blocks of 32 keys that restart at every
+    sequence of ``cu_seqlens_k`` (int32, batch + 1, on v's device, assumed well formed).
+
+    Returns ``(elements, scale, cu_blocks)``: elements ``torch.float8_e4m3fn`` shaped like v (with
+    ``keys_contiguous=True`` a view of (heads_k, head_dim, keys) storage, keys padded to 16 so that the
+    head_dim stride keeps 16-byte alignment); scale uint8 (blocks, heads_k, head_dim), sequence ``s``'s
+    blocks at ``cu_blocks[s]:cu_blocks[s + 1]``. ``blocks`` is a bound known without reading
+    ``cu_seqlens_k`` back (each sequence ends at most one partial block); the scale rows past
+    ``cu_blocks[-1]`` are left unwritten and never read."""
+    _check_operand("v", v)
+    if not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.dtype != torch.int32 or cu_seqlens_k.dim() != 1:
+        raise TypeError("cu_seqlens_k must be a 1-D int32 tensor of batch + 1 offsets")
+    constants = _format_constants(fmt)
+    total, heads_k, head_dim = v.shape
+    batch = cu_seqlens_k.numel() - 1
+    lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+    cu_blocks = torch.zeros(batch + 1, dtype=torch.int64, device=v.device)
+    cu_blocks[1:] = torch.cumsum((lengths + MX_BLOCK - 1) // MX_BLOCK, 0)
+    num_blocks = total // MX_BLOCK + batch
+    seq_of_block = torch.searchsorted(cu_blocks[1:], torch.arange(num_blocks, device=v.device), right=True)
+    cu_blocks, seq_of_block = cu_blocks.to(torch.int32), seq_of_block.to(torch.int32)
+    if keys_contiguous:
+        storage = torch.empty(heads_k, head_dim, -(-total // 16) * 16, dtype=torch.float8_e4m3fn, device=v.device)
+        elements = storage[:, :, :total].permute(2, 0, 1)
+    else:
+        elements = torch.empty(v.shape, dtype=torch.float8_e4m3fn, device=v.device)
+    scale = torch.empty(num_blocks, heads_k, head_dim, dtype=torch.uint8, device=v.device)
+    if num_blocks and heads_k:
+        _quantize_keys_kernel[(num_blocks, heads_k)](
+            v.view(torch.int16), elements.view(torch.uint8), scale, cu_seqlens_k, cu_blocks, seq_of_block, batch,
+            *v.stride(), *elements.stride(),
+            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, **constants, num_warps=4)
+    return elements, scale, cu_blocks
