@@ -54,7 +54,7 @@ that sit on an e4m3 rounding boundary (BF16 keeps 4 more bits), move by a whole 
 rows of 500-1000 keys, but 1e-2 in rows of 5-64 keys, which the varlen case has (a 5-key sequence,
 and 129 queries on 64 keys causal: rows of 1-64 keys). Worst
 emulated row: 9 keys, row sum 2.57, one element 0.3574 -> 0.3594 in BF16, a tie in e4m3, so
-0.34375 -> 0.375: LSE +1.2e-2. The emulated maxima (varlen 4.6e-3 to 6.7e-3, causal 7.6e-3 to 2.0e-2;
+0.34375 -> 0.375: LSE +1.2e-2. The emulated maxima (varlen 4.6e-3 to 6.7e-3, causal 3.8e-3 to 2.1e-2;
 dense head_dim 64 3e-3 to 8.9e-3) bracket the H200's, and it gives MXFP6/MXFP4 the same exact or
 near-exact agreement the H200 showed (their e2m3/e2m1 products lie on a grid the narrow accumulator
 holds). The frozen max moves by ~1e-4 log2 units in nearly every row, which shifts all of a row's
