@@ -9,7 +9,8 @@ The one switch is `backend`:
   device the model is on (CPU here; on CUDA it is the GPU simulation). Registered under the mode's name,
   e.g. `"rowmax_h15_t8"`.
 - `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
-  for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `aiter_fused.attention.fused_softmax_attention`
+  for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `fa4_rowmax.interface.rowmax_attn_func` for the
+  SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); `aiter_fused.attention.fused_softmax_attention`
   for the Fused-Softmax modes. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
   without CUDA, raises: a kernel name never silently runs the simulator.
 
@@ -84,6 +85,16 @@ def _mode_table() -> dict[str, ModeSpec]:
                  {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0}),
         ModeSpec("rowmax_h15_row", "Rowmax-H15 anchored at the whole-row max (the control)",
                  {"mode": "rowmax_h15", "anchor": "row"}, None),
+    ]
+    # Hopper's fold lever (docs/fa4_notes.md, Lever 1): the lattice anchored at the half octave nearest to the
+    # max; its kernel is SM90 only (`interface.rowmax_attn_func` raises elsewhere).
+    specs += [
+        ModeSpec(f"rowmax_h15_fold_t{t}",
+                 f"Rowmax-H15, half-octave anchor (SM90 fold), per-tile running max, rescale threshold {t}",
+                 {"mode": "rowmax_h15", "rescale_threshold": float(t), "anchor": "tile",
+                  "anchor_rounding": "half_octave"}, "fa4",
+                 {"softmax_mode": "rowmax_h15", "rescale_threshold": float(t), "anchor_rounding": "half_octave"})
+        for t in (0, 8)
     ]
     specs += [
         ModeSpec(f"baps_l{lam}", f"BAPS, HiF8 scores and P, restart threshold lambda {lam}",
@@ -251,7 +262,14 @@ def _kernel_backend(spec: ModeSpec):
         )
     if not torch.cuda.is_available():
         raise RuntimeError(f"backend='kernel' needs CUDA (mode {spec.name!r}); use backend='reference' on CPU")
-    if spec.kernel == "fa4":
+    if spec.kernel == "fa4" and "anchor_rounding" in spec.kernel_kwargs:
+        # The SM90 levers are reachable only through rowmax_attn_func (the patched flash_attn_func lacks them).
+        from fa4_rowmax.interface import rowmax_attn_func
+
+        def call(module, q, k, v, causal, scale):
+            return rowmax_attn_func(q, k, v, softmax_scale=scale, causal=causal, **spec.kernel_kwargs), None
+
+    elif spec.kernel == "fa4":
         from flash_attn.cute import flash_attn_func
 
         def call(module, q, k, v, causal, scale):

@@ -92,6 +92,31 @@ def test_approximate_modes_change_logits_a_little():
         assert (got - exact).abs().max() < 0.5 * exact.abs().max(), mode
 
 
+def test_fold_modes_run_the_half_octave_anchor():
+    # The fold modes are Rowmax-H15 with the SM90 half-octave anchor: the same model output as the reference
+    # called with that config, and different from the exact-anchor mode (the lattice moves by up to 1/4 octave).
+    from fa4_rowmax.config import SoftmaxConfig
+    from fa4_rowmax.reference import attention_reference
+
+    for threshold in (0, 8):
+        config = hf_attention.MODES[f"rowmax_h15_fold_t{threshold}"].config(0, 2)
+        assert config == SoftmaxConfig(mode="rowmax_h15", rescale_threshold=float(threshold), anchor="tile",
+                                       anchor_rounding="half_octave")
+    torch.manual_seed(11)
+    q, k, v = torch.randn(1, 300, 6, 64) * 3, torch.randn(1, 300, 2, 64), torch.randn(1, 300, 2, 64)
+    function = hf_attention.make_attention_function("rowmax_h15_fold_t8")
+    module = tiny_llama(seed=11, num_layers=1).model.layers[0].self_attn
+    got, _ = function(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, scaling=0.125)
+    expected, _ = attention_reference(q, k, v, hf_attention.MODES["rowmax_h15_fold_t8"].config(0, 1), causal=True,
+                                      softmax_scale=0.125)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    model = tiny_llama(seed=12)
+    ids = torch.randint(0, 97, (1, 300))
+    exact, folded, unfolded = (logits(model, m, ids) for m in ("sdpa", "rowmax_h15_fold_t0", "rowmax_h15_t0"))
+    assert not torch.equal(folded, unfolded)
+    assert (folded - exact).abs().max() < 0.5 * exact.abs().max()
+
+
 def test_counters_are_tallied_per_model_and_layer():
     model = tiny_llama(seed=5, num_layers=3)
     state = hf_attention.attach(model)
@@ -163,9 +188,16 @@ def test_bad_input_is_rejected():
         function(module, q, kv, kv, None, softcap=30.0)
 
 
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["exact_bf16p", "rowmax_h15_t8", "fused_mxfp8"])
+@pytest.mark.parametrize("mode", [
+    "exact_bf16p", "rowmax_h15_t8", "fused_mxfp8",
+    pytest.param("rowmax_h15_fold_t8", marks=pytest.mark.skipif(not _is_sm90(), reason="the fold is an SM90 lever")),
+])
 def test_kernel_matches_reference_in_a_model(mode):
     hf_attention.register([mode], backend="kernel")
     model = tiny_llama(seed=10).cuda()
