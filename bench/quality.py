@@ -660,6 +660,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _write_results(out: Path, tag: str, data: dict, markdown: str) -> None:
+    """`quality_<tag>.json` and `.md` under `out`; the Markdown is also printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"quality_{tag}.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / f"quality_{tag}.md").write_text(markdown)
+    print(markdown)
+
+
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -685,11 +693,7 @@ def main(argv=None) -> dict | None:
         study = baps_restart_study(workload, blocks, log=print)
         study["meta"] = dict(workload.provenance, block_size=args.block_size, block_indices=indices,
                              torch=torch.__version__)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"quality_{args.tag}.json").write_text(json.dumps(study, indent=1) + "\n")
-        markdown = baps_restart_markdown(study)
-        (args.out / f"quality_{args.tag}.md").write_text(markdown)
-        print(markdown)
+        _write_results(args.out, args.tag, study, baps_restart_markdown(study))
         return study
     runs = plan_runs(args.modes, args.compare_kernels)
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
@@ -721,11 +725,7 @@ def main(argv=None) -> dict | None:
         wall_seconds=time.perf_counter() - started,
     )
     report = {"meta": report.pop("meta"), **report}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"quality_{args.tag}.json").write_text(json.dumps(report, indent=1) + "\n")
-    markdown = markdown_report(report)
-    (args.out / f"quality_{args.tag}.md").write_text(markdown)
-    print(markdown)
+    _write_results(args.out, args.tag, report, markdown_report(report))
     return report
 
 
