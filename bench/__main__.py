@@ -19,7 +19,7 @@ import torch
 from bench import env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
 from bench.kernels import BASELINE, KERNELS, MAP_KERNELS
-from bench.report import gpu_slug, map_pivot, new_row, seqlen_pivot, write_json, write_report
+from bench.report import gpu_slug, map_pivot, new_row, read_json, seqlen_pivot, write_json, write_report
 from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, build_plan, parse_seqlen, tflops
 from bench.timing import SPACER_CYCLES, median, per_round_speedups, rotation_count, spread, time_interleaved
 
@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="masks that get the fa4_h15 threshold x beta map at 8K (full run)")
     parser.add_argument("--max-minutes", type=float,
                         help="stop compiling new kernels after this much wall time; the rest become 'skipped'")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run whose JSON is already at --out/--name: keep its finished groups "
+                             "and run the rest (settings and GPU must match; --max-minutes may differ)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
@@ -83,6 +86,42 @@ def settings_of(args: argparse.Namespace) -> dict:
             "map_masks": args.map_masks, "max_minutes": args.max_minutes, "seed": args.seed,
             "tokens_per_call": TOKENS, "spacer_cycles": SPACER_CYCLES,
             "rotation": "fewest input sets (>= 2) whose total size exceeds 2x L2"}
+
+
+# Settings a resumed run may change: they bound the run's length, not what a row measures.
+RESUMABLE_SETTINGS = ("max_minutes",)
+
+
+def group_key(shape_or_row) -> tuple:
+    """What identifies a group in the plan and in a results file (rows carry the shape's fields)."""
+    get = shape_or_row.get if isinstance(shape_or_row, dict) else lambda k: getattr(shape_or_row, k)
+    return tuple(get(k) for k in ("dtype", "causal", "seqlen", "head_dim", "heads_q", "heads_kv", "batch"))
+
+
+def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str) -> dict[tuple, list[dict]]:
+    """The rows of `doc` (a previous run's JSON) for every group of `plan` it finished, by group key.
+
+    A group counts as finished when the file holds a row for each of its kernels and none of them was
+    skipped for the time budget. Raises ValueError, naming the setting, when the file was made with other
+    settings or on another GPU, so a resumed table never mixes runs that were set up differently."""
+    old_settings = doc["env"].get("settings", {})
+    for key in sorted(set(old_settings) | set(settings)):
+        if key not in RESUMABLE_SETTINGS and old_settings.get(key) != settings.get(key):
+            raise ValueError(f"--resume: setting {key!r} was {old_settings.get(key)!r} in the results file, "
+                             f"now {settings.get(key)!r}; rerun without --resume (or with the same settings)")
+    old_gpu = doc["env"].get("gpu", {})
+    old_name = old_gpu.get("name") if isinstance(old_gpu, dict) else None
+    if old_name != gpu_name:
+        raise ValueError(f"--resume: the results file was measured on {old_name!r}, this GPU is {gpu_name!r}")
+    by_group: dict[tuple, dict[str, dict]] = {}
+    for row in doc["rows"]:
+        by_group.setdefault(group_key(row), {})[row["kernel"]] = row
+    done = {}
+    for group in plan:
+        rows = by_group.get(group_key(group.shape), {})
+        if all(name in rows and not rows[name]["reason"].startswith("time budget") for name in group.kernels):
+            done[group_key(group.shape)] = [rows[name] for name in group.kernels]
+    return done
 
 
 def describe_kernels(names: tuple[str, ...]) -> str:
@@ -261,13 +300,25 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, f"{stem}.json")
     doc = {"schema": 1, "env": env, "rows": []}
+    done: dict[tuple, list[dict]] = {}
+    if args.resume and os.path.exists(json_path):
+        previous = read_json(json_path)
+        done = finished_rows(previous, plan, settings, props.name)
+        doc["env"] = previous["env"]
+        doc["env"].setdefault("resumed", []).append(
+            {"date_utc": env["date_utc"], "host": env["host"], "git_commit": env["git_commit"],
+             "nvidia_smi": env["nvidia_smi"], "max_minutes": args.max_minutes, "groups_kept": len(done)})
+    earlier_wall_s = doc["env"].get("wall_s", 0.0) if args.resume else 0.0
     started = time.perf_counter()
     deadline = started + 60 * args.max_minutes if args.max_minutes else None
     progress = Progress(sum(len(g.kernels) + args.rounds for g in plan))
     progress.write(f"{props.name} sm_{capability[0]}{capability[1]}, L2 {l2_bytes / 2**20:.0f} MiB; "
                    f"{len(plan)} groups -> {json_path}")
     for index, group in enumerate(plan):
-        if deadline is not None and time.perf_counter() > deadline:
+        if group_key(group.shape) in done:
+            rows = done[group_key(group.shape)]
+            progress.step(f"{group.shape.label}: kept from the results file", len(group.kernels) + args.rounds)
+        elif deadline is not None and time.perf_counter() > deadline:
             rows = [new_row(group.shape, KERNELS[name]) for name in group.kernels]
             for row in rows:
                 row["reason"] = f"time budget (--max-minutes {args.max_minutes}) spent"
@@ -276,11 +327,11 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
             rows = run_group(group, index, args, capability, l2_bytes, deadline, progress)
         progress.write(f"{group.shape.label}: {group_summary(rows)}")
         doc["rows"].extend(rows)
-        doc["env"]["wall_s"] = time.perf_counter() - started
+        doc["env"]["wall_s"] = earlier_wall_s + time.perf_counter() - started
         write_json(json_path, doc)
     progress.close()
     doc["env"]["nvidia_smi_after"] = env_info.nvidia_smi(device)
-    doc["env"]["wall_s"] = time.perf_counter() - started
+    doc["env"]["wall_s"] = earlier_wall_s + time.perf_counter() - started
     write_json(json_path, doc)
     written = write_report(doc, args.out, stem, plots=not args.no_plots)
     print(f"wrote {json_path}\nwrote {written['markdown']}")

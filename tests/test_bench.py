@@ -15,6 +15,7 @@ from bench import env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
 from bench.kernels import (BASELINE, DEFAULT_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS, h15_map_name,
                            missing_kwargs)
+from bench.__main__ import group_key
 from bench.report import (gpu_slug, map_pivot, markdown_report, new_row, read_json, seqlen_pivot, speedup_cell,
                           write_json, write_plots)
 from bench.sweep import (FOCUS_SEQLEN, GQA_HEADS_KV, HEADS_Q, TOKENS, Shape, attention_flops, build_plan,
@@ -421,6 +422,31 @@ def test_cli_rejects_bad_arguments(capsys):
     if not torch.cuda.is_available():
         rc, _, err = cli_main(capsys, "--quick")
         assert rc == 2 and "no CUDA device" in err
+
+
+def test_resume_keeps_finished_groups_and_refuses_other_settings():
+    from bench.__main__ import finished_rows, parse_args, settings_of
+
+    plan = build_plan(quick=True)
+    settings = settings_of(parse_args(["--quick", "--max-minutes", "5"]))
+    rows = []
+    for group in plan[:2]:  # two groups measured, the second cut by the time budget on its last kernel
+        rows += [dict(new_row(group.shape, KERNELS[name]), status="ok") for name in group.kernels]
+    rows[-1].update(status="skipped", reason="time budget (--max-minutes 5) spent")
+    doc = {"env": {"settings": settings, "gpu": {"name": "NVIDIA H200"}}, "rows": json.loads(json.dumps(rows))}
+
+    longer = settings_of(parse_args(["--quick", "--max-minutes", "9"]))  # the budget may change
+    done = finished_rows(doc, plan, longer, "NVIDIA H200")
+    assert list(done) == [group_key(plan[0].shape)]
+    assert [r["kernel"] for r in done[group_key(plan[0].shape)]] == list(plan[0].kernels)
+
+    del doc["rows"][0]  # a group with a kernel row missing (run killed mid-group) is not finished
+    assert finished_rows(doc, plan, longer, "NVIDIA H200") == {}
+
+    with pytest.raises(ValueError, match="'rounds' was 5 in the results file, now 3"):
+        finished_rows(doc, plan, settings_of(parse_args(["--quick", "--rounds", "3"])), "NVIDIA H200")
+    with pytest.raises(ValueError, match="measured on 'NVIDIA H200', this GPU is 'NVIDIA H100'"):
+        finished_rows(doc, plan, settings, "NVIDIA H100")
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------------
