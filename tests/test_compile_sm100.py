@@ -4,18 +4,23 @@ Each configuration compiles in its own subprocess against private FA4 copies (sc
 The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow) (dtypes x causal x head dim x GQA/varlen x modes).
 """
 
+import numpy as np
 import pytest
 
 pytest.importorskip("flash_attn.cute")
 pytest.importorskip("triton")
 
 from compile_helpers import (  # noqa: E402
+    DEFAULT_CONFIG,
     assert_every_configuration_compiled,
     assert_full_matrix_passes,
     assert_mufu_count_falls_as_beta_grows,
     ci_report as compile_ci_report,
     full_matrix_only_on_request,
+    mnemonic_counts,
     result as _result,
+    sass,
+    split_instruction,
 )
 
 ARCH = "sm100"
@@ -23,7 +28,8 @@ ARCH = "sm100"
 
 @pytest.fixture(scope="module")
 def ci_report(tmp_path_factory):
-    return compile_ci_report(ARCH, tmp_path_factory)
+    # rowmax_pot joins the CI matrix here for the NaN-row checks (one more compile in the same pool).
+    return compile_ci_report(ARCH, tmp_path_factory, extra_configs=(dict(DEFAULT_CONFIG, mode="rowmax_pot"),))
 
 
 def test_every_configuration_compiles(ci_report):
@@ -50,6 +56,80 @@ def test_fp8_h15_compiles(ci_report):
 
 def test_mufu_count_falls_as_beta_grows(ci_report):
     assert_mufu_count_falls_as_beta_grows(ci_report)
+
+
+# --- Note [NaN rows in the approximate modes on SM100] -------------------------------------------------------
+
+APPROXIMATE = {
+    "h15": dict(mode="rowmax_h15"),
+    "pot": dict(mode="rowmax_pot"),
+    "h15_fp8": dict(mode="rowmax_h15", dtype="fp8", causal=False),
+}
+SAME_SHAPE_AS_STOCK = ("h15", "pot")  # bf16 causal, as the stock reference
+
+
+def _nan_row_weight_sites(instructions: list[str]) -> int:
+    """`FMNMX.NAN t, RZ, m` feeding `FFMA w, RZ, t, w` (w + max.NaN(m, 0) * 0, `nan_row_weight`)."""
+    nan_max_of_zero = set()  # registers last written by a max.NaN against 0
+    sites = 0
+    for instruction in instructions:
+        mnemonic, operands = split_instruction(instruction)
+        adds_a_zero_product = mnemonic == "FFMA" and operands[1] == "RZ" and operands[0] == operands[3]
+        if adds_a_zero_product and operands[2] in nan_max_of_zero:
+            sites += 1
+        if operands and operands[0].startswith("R"):
+            nan_max_of_zero.discard(operands[0])
+            if mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3]:
+                nan_max_of_zero.add(operands[0])
+    return sites
+
+
+@pytest.mark.parametrize("name", list(APPROXIMATE))
+def test_approximate_modes_take_a_nan_propagating_row_max(ci_report, name):
+    """Every 2- and 3-input max is `.NAN` (the clamps are FMNMX.FTZ against a constant), and the 3-input tree is
+    stock's, one FMNMX3.NAN for each stock FMNMX3."""
+    counts = mnemonic_counts(sass(ci_report, _result(ci_report, **APPROXIMATE[name])))
+    assert counts["FMNMX3"] == 0 and counts["FMNMX"] == 0, counts
+    assert counts["FMNMX3.NAN"] > 0
+    if name in SAME_SHAPE_AS_STOCK:
+        assert counts["FMNMX3.NAN"] == mnemonic_counts(sass(ci_report, ci_report["stock"]))["FMNMX3"]
+
+
+@pytest.mark.parametrize("name", list(APPROXIMATE))
+def test_a_nan_row_max_reaches_the_first_weight_of_each_tile(ci_report, name):
+    """One max.NaN and one FFMA per row-max site, the only FFMAs added to stock's."""
+    instructions = sass(ci_report, _result(ci_report, **APPROXIMATE[name]))
+    counts = mnemonic_counts(instructions)
+    sites = _nan_row_weight_sites(instructions)
+    assert sites >= 1
+    nan_max_of_zero = sum(mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3]
+                          for mnemonic, operands in map(split_instruction, instructions))
+    assert nan_max_of_zero == sites
+    if name in SAME_SHAPE_AS_STOCK:
+        assert counts["FFMA"] - mnemonic_counts(sass(ci_report, ci_report["stock"]))["FFMA"] == sites
+
+
+def test_exact_keeps_stocks_nan_quiet_row_max(ci_report):
+    """`exact` through our stage (beta=1.0) keeps FA4's max; exp2(NaN) poisons its rows as in stock."""
+    for compiled in (_result(ci_report, mode="exact", beta=1.0), ci_report["stock"]):
+        counts = mnemonic_counts(sass(ci_report, compiled))
+        assert counts["FMNMX3"] > 0 and not [m for m in counts if m.endswith(".NAN")], counts
+
+
+def test_nan_row_weight_arithmetic():
+    """`w + max.NaN(m, 0) * 0` in fp32 (np.maximum propagates NaN, as max.NaN): w bit for bit for a finite or
+    fully masked row max, NaN for a NaN or +inf one."""
+    rng = np.random.default_rng()
+    weights = np.concatenate([[0.0, 1.0, 1.5, 2.0**-126, 2.0**-127], rng.uniform(0, 2, 64)]).astype(np.float32)
+    clean = np.float32([-np.inf, -3.0e38, -17.5, -0.0, 0.0, 1e-40, 88.7, 3.0e38])
+    for row_max in np.concatenate([clean, np.float32([np.nan, np.inf])]):
+        with np.errstate(invalid="ignore"):  # inf * 0
+            poison = np.maximum(row_max, np.float32(0.0)) * np.float32(0.0)  # exact: 0 or NaN, so FFMA == mul + add
+        out = weights + poison
+        if np.isnan(row_max) or row_max == np.inf:
+            assert np.isnan(out).all(), row_max
+        else:
+            assert np.array_equal(out.view(np.uint32), weights.view(np.uint32)), row_max
 
 
 @pytest.mark.slow
