@@ -43,6 +43,8 @@ FA4_PATCH_KWARGS = ("softmax_mode", "rescale_threshold", "beta")
 _EXACT_TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp8": 8e-2}
 _H15_TOL = {"bf16": 0.2, "fp16": 0.2, "fp8": 0.25}
 _MX_TOL = {"mxfp8": 0.12, "mxfp6": 0.12, "mxfp4": 0.4}
+# aiter_fused dot modes timed against the arch default (aiter_fused.attention.DOT_MODES; "fp8" is the sm_90 default)
+AITER_DOT_MODE_VARIANTS = ("bf16", "scaled")
 
 # SM90 softmax-stage levers, one entry per variant, called through fa4_rowmax.interface.rowmax_attn_func
 # (flash_attn_func does not take anchor_rounding / rescale_vote).
@@ -167,9 +169,9 @@ def _rowmax_levers_unsupported(dtype: str, capability: tuple[int, int]) -> str |
     return _fa4_unsupported(dtype, capability)
 
 
-def _aiter_binder(mx_format: str, exact: bool) -> Callable:
+def _aiter_binder(mx_format: str, exact: bool, dot_mode: str | None = None) -> Callable:
     def bind(fn, q, k, v, causal):
-        return lambda: _first(fn(q, k, v, causal=causal, mx_format=mx_format, exact=exact))
+        return lambda: _first(fn(q, k, v, causal=causal, mx_format=mx_format, exact=exact, dot_mode=dot_mode))
     return bind
 
 
@@ -219,6 +221,10 @@ def _build_table() -> dict[str, KernelSpec]:
                                     "exact" if exact else "fused_softmax",
                                     (("mx_format", fmt), ("exact", exact)), aiter_tol[fmt], _load_aiter,
                                     _aiter_binder(fmt, exact), _always_supported))
+    for dot_mode in AITER_DOT_MODE_VARIANTS:  # the arch default (aiter_mxfp8) against the other dot modes
+        specs.append(KernelSpec(f"aiter_mxfp8_{dot_mode}", "aiter_fused", "fused_softmax",
+                                (("mx_format", "mxfp8"), ("exact", False), ("dot_mode", dot_mode)), aiter_tol["mxfp8"],
+                                _load_aiter, _aiter_binder("mxfp8", False, dot_mode), _always_supported))
     sdpa_tol = {d: t for d, t in _EXACT_TOL.items() if d != "fp8"}  # SDPA takes no FP8 inputs
     specs += [KernelSpec("sdpa_cudnn", "sdpa", "exact", (("backend", "CUDNN_ATTENTION"),), sdpa_tol, _load_sdpa,
                          _sdpa_binder("CUDNN_ATTENTION"), _always_supported),
@@ -233,5 +239,7 @@ def h15_map_name(threshold: float, beta: float) -> str:
 
 KERNELS: dict[str, KernelSpec] = _build_table()
 MAP_KERNELS = tuple(h15_map_name(t, b) for t in H15_THRESHOLDS for b in H15_BETAS)
-DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS)
+# Opt-in rows (`--kernels 'aiter_mxfp8_*'`): one format is enough, the dot mode's cost is format-independent.
+DOT_MODE_KERNELS = tuple(f"aiter_mxfp8_{mode}" for mode in AITER_DOT_MODE_VARIANTS)
+DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS)
 QUICK_KERNELS = (BASELINE, "fa4_h15", "aiter_mxfp8", "sdpa_cudnn")

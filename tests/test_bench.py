@@ -13,7 +13,7 @@ import torch
 
 from bench import env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
-from bench.kernels import (BASELINE, DEFAULT_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS, h15_map_name,
+from bench.kernels import (BASELINE, DEFAULT_KERNELS, DOT_MODE_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS, h15_map_name,
                            missing_kwargs)
 from bench.__main__ import group_key
 from bench.report import (gpu_slug, map_pivot, markdown_report, new_row, read_json, seqlen_pivot, speedup_cell,
@@ -245,6 +245,9 @@ def test_kernel_table_contents():
     assert {"aiter_mxfp8", "aiter_mxfp6_exact", "aiter_mxfp4", "sdpa_cudnn", "sdpa_flash"} <= set(DEFAULT_KERNELS)
     assert not set(MAP_KERNELS) & set(DEFAULT_KERNELS)
     assert set(QUICK_KERNELS) <= set(DEFAULT_KERNELS)
+    assert DOT_MODE_KERNELS == ("aiter_mxfp8_bf16", "aiter_mxfp8_scaled")  # opt-in: not in the full preset
+    assert not set(DOT_MODE_KERNELS) & set(DEFAULT_KERNELS)
+    assert dict(KERNELS["aiter_mxfp8_scaled"].knobs)["dot_mode"] == "scaled"
     for spec in KERNELS.values():
         assert spec.tolerance("bf16") > 0
         reason = spec.unavailable_reason()  # never raises; None or a sentence
