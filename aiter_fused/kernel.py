@@ -65,12 +65,13 @@ stays ~6e-5 and the 99th percentile below ~2e-3: ``scripts/aiter_fused_numerics.
 
 Note [Where the time goes on Hopper]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-H200 bench of 2026-11-29 (batch * seqlen = 32K, 16 heads, head_dim 128, BF16, seqlen 8K): default
-"fp8" mode 51.3 ms causal / 76.1 ms non-causal; the ``exact=True`` twin 5.04 / 8.74 ms; FA4 1.57 / 2.90
-ms. If the kernel's time doubles from causal to non-causal and the per-call host work does not (an
-assumption, not a measurement), the fused call is ~24.7 ms of kernel plus ~26.6 ms per call, the twin
-~3.7 ms plus ~1.3 ms. The per-call part fits the torch MX pre-pass of Q/K/V that ``quantize.py`` now
-replaces (its Note [Cost of the pre-pass]: ~58 GB of memory traffic at this shape, against ~0.6 GB).
+H200 bench of 2026-11-30 (``bench/results/h200_2026-11-30/full``; batch * seqlen = 32K, 16 heads,
+head_dim 128, BF16, seqlen 8K): default "fp8" mode 37.2 ms causal / 59.1 ms non-causal; the ``exact=True``
+twin 5.18 / 8.75 ms; FA4 1.60 / 3.01 ms. The MX quantization of Q/K/V (``quantize.py``) is ~3 % of a call
+(0.39 of 15.1 ms at batch 1, 8K, non-causal: numerics run): the fused kernel itself is ~7x its twin. By dot mode at mxfp8
+(``h200_2026-11-30/aiter_dot_modes``, 8K causal): "fp8" 0.048x FA4, "bf16" 0.071x, "scaled" (Triton's
+emulated ``tl.dot_scaled``, which upcasts to BF16 inside its own layout) 0.104x, so the FP8 tensor cores
+buy nothing here: the CUDA-core work around them decides.
 
 Kernel, estimated per score element (one query row x one key), in CUDA-core lane instructions (an FMA
 counts one), read off the source for head_dim 128, BLOCK_N 128, not off SASS:
@@ -82,7 +83,7 @@ counts one), read off the source for head_dim 128, BLOCK_N 128, not off SASS:
   selects); MX quantization of P ~15 (block max, ``_round_to_element``'s NaN-keeping clamps, two
   bit-built powers of two, the magic add/sub); row sum 1; e4m3 convert 0.5; P@V block scales, a factor
   product and an FMA per output element per 32 keys: 8. About 50-55, ~6.5x the twin's, close to the
-  ~6.7x kernel-time ratio above: the fused kernel looks bound by its CUDA-core issue, like the twin.
+  ~7x kernel-time ratio above: the fused kernel looks bound by its CUDA-core issue, like the twin.
   On top, 20 small wgmma per 128-key tile (16 m64n32k32 for QK^T, 4 for P@V), each waited for before
   its scale can be applied, so tensor-core and CUDA-core work do not overlap.
 Unmeasured levers, in order of the estimate: BF16 operands dequantized once per call (exact; plain
