@@ -21,6 +21,11 @@ w unchanged for a finite or fully masked (-inf) max, NaN for a NaN or +inf max. 
 through the PV GEMM into every column of O, the row sum is NaN, and the correction warps give O = NaN and
 LSE = -inf, stock's values for a NaN row sum. The rescale factor of such a row, exp2(NaN) or exp2(-inf) = 0,
 leaves O NaN either way. NaN in V propagates through the PV GEMM as in stock.
+On SM103 (B300) with no score_mod/mask_mod, FA4 takes the row max of an unmasked tile from the TMEM load
+itself (`tcgen05.ld.red`, one max per 32 columns). The kernel patch requests it with `.NaN` in the approximate
+modes (LDTM.STAT...NAN, no extra instruction) and hands the maxima to `reduce_ldred_row_max`; they and the
+running max are combined with `max.NaN` (`update_row_max_precomputed`), so such a tile poisons the row as the
+software max does. `exact` keeps stock's NaN-quiet ld.red and combine.
 """
 
 from dataclasses import dataclass
@@ -111,6 +116,31 @@ class RowmaxSoftmaxSm100(RowmaxSoftmaxMixin, SoftmaxSm100):
             for j in cutlass.range_constexpr(4):
                 partial[j] = fmax_nan(partial[j], values[i + 2 * j], values[i + 2 * j + 1])
         return fmax_nan(fmax_nan(partial[0], partial[1]), partial[2], partial[3])
+
+    @cute.jit
+    def reduce_ldred_row_max(self, tile_maxima: cute.Tensor) -> Float32:
+        """The row max of one S tile from the per-32-column maxima of SM103's `tcgen05.ld.red` (the kernel
+        requests `.NaN` there in the approximate modes); stock FA4's NaN-quiet loop in `exact`."""
+        if const_expr(not self.nan_rows):
+            row_max = Float32(-Float32.inf)
+            for i in cutlass.range_constexpr(cute.size(tile_maxima.shape)):
+                row_max = cute.arch.fmax(row_max, tile_maxima[i])
+            return row_max
+        n = cute.size(tile_maxima.shape)
+        row_max = tile_maxima[0]
+        for i in cutlass.range_constexpr(1, n - 1, 2):
+            row_max = fmax_nan(row_max, tile_maxima[i], tile_maxima[i + 1])
+        if const_expr(n % 2 == 0):
+            row_max = fmax_nan(row_max, tile_maxima[n - 1])
+        return row_max
+
+    @cute.jit
+    def update_row_max_precomputed(self, hw_row_max: Float32, is_first: int) -> tuple[Float32, Float32]:
+        """FA4's combine of the `tcgen05.ld.red` row max with the running one, `max.NaN` in the approximate
+        modes so that a NaN row stays NaN across tiles (as `_compute_row_max` with `init_val`)."""
+        if const_expr(not self.nan_rows or is_first):
+            return SoftmaxSm100.update_row_max_precomputed(self, hw_row_max, is_first)
+        return self.update_row_max_from_local(fmax_nan(hw_row_max, self.row_max[0]), is_first)
 
     @cute.jit
     def weight_pair(
