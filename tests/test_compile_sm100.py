@@ -16,6 +16,7 @@ from compile_helpers import (  # noqa: E402
     assert_full_matrix_passes,
     assert_mufu_count_falls_as_beta_grows,
     ci_report as compile_ci_report,
+    compile_configs_sm103,
     full_matrix_only_on_request,
     mnemonic_counts,
     result as _result,
@@ -69,13 +70,13 @@ SAME_SHAPE_AS_STOCK = ("h15", "pot")  # bf16 causal, as the stock reference
 
 
 def _nan_row_weight_sites(instructions: list[str]) -> int:
-    """`FMNMX.NAN t, RZ, m` feeding `FFMA w, RZ, t, w` (w + max.NaN(m, 0) * 0, `nan_row_weight`)."""
+    """`FMNMX.NAN t, RZ, m` feeding `FFMA d, RZ, t, w` (d = w + max.NaN(m, 0) * 0, `nan_row_weight`; d is w's
+    register or, as on sm_103a, another one)."""
     nan_max_of_zero = set()  # registers last written by a max.NaN against 0
     sites = 0
     for instruction in instructions:
         mnemonic, operands = split_instruction(instruction)
-        adds_a_zero_product = mnemonic == "FFMA" and operands[1] == "RZ" and operands[0] == operands[3]
-        if adds_a_zero_product and operands[2] in nan_max_of_zero:
+        if mnemonic == "FFMA" and operands[1] == "RZ" and operands[2] in nan_max_of_zero:
             sites += 1
         if operands and operands[0].startswith("R"):
             nan_max_of_zero.discard(operands[0])
@@ -130,6 +131,42 @@ def test_nan_row_weight_arithmetic():
             assert np.isnan(out).all(), row_max
         else:
             assert np.array_equal(out.view(np.uint32), weights.view(np.uint32)), row_max
+
+
+# --- SM103 (B300): the row max of unmasked tiles comes from tcgen05.ld.red (LDTM.STAT) -----------------------
+
+LDRED_MAX = "LDTM.STAT.x32.MAX.F32"
+
+
+@pytest.fixture(scope="module")
+def sm103_report(tmp_path_factory):
+    # Three compiles (exact, rowmax_h15, stock); rowmax_pot shares the h15 row-max code (`nan_rows`).
+    return compile_configs_sm103([dict(DEFAULT_CONFIG), dict(DEFAULT_CONFIG, mode="rowmax_h15")], tmp_path_factory)
+
+
+def test_sm103_exact_compiles_to_the_same_sass_as_stock_fa4(sm103_report):
+    """The SASS hash of `exact` equals stock's on sm_103a, where stock's row max comes from a NaN-quiet ld.red."""
+    assert_every_configuration_compiled(sm103_report)
+    assert sm103_report["checks"]["exact_sass_equals_stock"]
+    stock = mnemonic_counts(sass(sm103_report, sm103_report["stock"]))
+    assert stock[LDRED_MAX] > 0 and not [m for m in stock if m.endswith(".NAN")], stock
+
+
+def test_sm103_approximate_modes_take_a_nan_propagating_ld_red_row_max(sm103_report):
+    """rowmax_h15 on sm_103a: every ld.red of stock is `.NAN`, every max that combines its maxima (and the
+    software row max of masked tiles) is FMNMX3.NAN/FMNMX.NAN, one FMNMX3.NAN per stock FMNMX3, and the NaN
+    reaches the first weight of each tile (Note [NaN rows in the approximate modes on SM100])."""
+    assert_every_configuration_compiled(sm103_report)
+    stock = mnemonic_counts(sass(sm103_report, sm103_report["stock"]))
+    instructions = sass(sm103_report, _result(sm103_report, mode="rowmax_h15"))
+    h15 = mnemonic_counts(instructions)
+    assert h15[LDRED_MAX] == 0 and h15[LDRED_MAX + ".NAN"] == stock[LDRED_MAX] > 0, h15
+    assert h15["FMNMX3"] == 0 and h15["FMNMX"] == 0, h15
+    assert h15["FMNMX3.NAN"] == stock["FMNMX3"]
+    sites = _nan_row_weight_sites(instructions)
+    nan_max_of_zero = sum(mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3]
+                          for mnemonic, operands in map(split_instruction, instructions))
+    assert sites >= 1 and nan_max_of_zero == sites and h15["FFMA"] - stock["FFMA"] == sites
 
 
 @pytest.mark.slow
