@@ -40,7 +40,10 @@ import fa4_patch  # noqa: E402
 ARCH_ENV = {
     "sm90": {"FLASH_ATTENTION_ARCH": "sm_90", "CUTE_DSL_ARCH": "sm_90a", "FLASH_ATTENTION_NUM_SMS": "132"},
     "sm100": {"FLASH_ATTENTION_ARCH": "sm_100", "CUTE_DSL_ARCH": "sm_100a", "FLASH_ATTENTION_NUM_SMS": "148"},
+    # B300: an SM100-family target; with no score_mod/mask_mod FA4 takes unmasked row maxima from tcgen05.ld.red.
+    "sm103": {"FLASH_ATTENTION_ARCH": "sm_103", "CUTE_DSL_ARCH": "sm_103a", "FLASH_ATTENTION_NUM_SMS": "148"},
 }
+SM100_FAMILY = ("sm100", "sm103")
 DEFAULT_CONFIG = dict(
     dtype="bf16", causal=True, hdim=128, gqa=False, varlen=False, mode="exact", beta=None,
     rescale_threshold=None, seqlen=256,
@@ -60,7 +63,7 @@ def ci_matrix(arch: str) -> list[dict]:
         dict(base, mode="rowmax_h15", beta=0.0),
         dict(base, mode="exact", beta=1.0),
     ]
-    if arch == "sm100":
+    if arch in SM100_FAMILY:
         configs.append(dict(base, mode="rowmax_h15", dtype="fp8", causal=False))
     else:
         configs.append(dict(base, mode="rowmax_h15", causal=False, hdim=64, gqa=True, varlen=True))
@@ -68,7 +71,7 @@ def ci_matrix(arch: str) -> list[dict]:
 
 
 def full_matrix(arch: str) -> list[dict]:
-    dtypes = ["bf16", "fp16"] + (["fp8"] if arch == "sm100" else [])
+    dtypes = ["bf16", "fp16"] + (["fp8"] if arch in SM100_FAMILY else [])
     configs = []
     for dtype in dtypes:
         for causal in (False, True):

@@ -33,17 +33,9 @@ def compile_configs(arch: str, configs: list[dict], tmp_path_factory, name: str)
     return dict(compile_check.check_matrix(arch, configs, workdir), workdir=str(workdir))
 
 
-# SM103 (B300) is an SM100-family target that compile_check does not list: its `one` worker builds the kernel
-# that FLASH_ATTENTION_ARCH selects for the CUTE_DSL_ARCH target, both from ARCH_ENV[--arch]; the SM count only
-# sizes the persistent grid.
-SM103_ENV = {"FLASH_ATTENTION_ARCH": "sm_103", "CUTE_DSL_ARCH": "sm_103a", "FLASH_ATTENTION_NUM_SMS": "148"}
-
-
 def compile_configs_sm103(configs: list[dict], tmp_path_factory, name: str = "sm103") -> dict:
-    """`compile_configs` for sm_103a: compile_check's SM100 entry with SM103_ENV."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setitem(compile_check.ARCH_ENV, "sm100", SM103_ENV)
-        return dict(compile_configs("sm100", configs, tmp_path_factory, name), arch="sm103")
+    """`compile_configs` for sm_103a (B300)."""
+    return compile_configs("sm103", configs, tmp_path_factory, name)
 
 
 def ci_report(arch: str, tmp_path_factory, extra_configs: tuple[dict, ...] = ()) -> dict:
