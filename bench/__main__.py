@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="stop compiling new kernels after this much wall time; the rest become 'skipped'")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run whose JSON is already at --out/--name: keep its finished groups "
-                             "and run the rest (settings and GPU must match; --max-minutes may differ)")
+                             "(errors included) and run the rest; settings, GPU and package versions must match, "
+                             "--max-minutes may differ")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
@@ -98,21 +99,33 @@ def group_key(shape_or_row) -> tuple:
     return tuple(get(k) for k in ("dtype", "causal", "seqlen", "head_dim", "heads_q", "heads_kv", "batch"))
 
 
-def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str) -> dict[tuple, list[dict]]:
+class ResumeError(ValueError):
+    """--resume refused: the results file does not belong to this run."""
+
+
+def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str,
+                  packages: dict[str, str | None]) -> dict[tuple, list[dict]]:
     """The rows of `doc` (a previous run's JSON) for every group of `plan` it finished, by group key.
 
     A group counts as finished when the file holds a row for each of its kernels and none of them was
-    skipped for the time budget. Raises ValueError, naming the setting, when the file was made with other
-    settings or on another GPU, so a resumed table never mixes runs that were set up differently."""
+    skipped for the time budget (a group that ended in errors is finished: rerun without --resume to retry
+    it). Raises ResumeError, naming the setting or package, when the file was made with other settings,
+    package versions or on another GPU. The git commit of each session is recorded (env["resumed"]) and
+    shown in the report, not compared: a device copy of the tree may carry stale git metadata."""
     old_settings = doc["env"].get("settings", {})
     for key in sorted(set(old_settings) | set(settings)):
         if key not in RESUMABLE_SETTINGS and old_settings.get(key) != settings.get(key):
-            raise ValueError(f"--resume: setting {key!r} was {old_settings.get(key)!r} in the results file, "
+            raise ResumeError(f"--resume: setting {key!r} was {old_settings.get(key)!r} in the results file, "
                              f"now {settings.get(key)!r}; rerun without --resume (or with the same settings)")
     old_gpu = doc["env"].get("gpu", {})
     old_name = old_gpu.get("name") if isinstance(old_gpu, dict) else None
     if old_name != gpu_name:
-        raise ValueError(f"--resume: the results file was measured on {old_name!r}, this GPU is {gpu_name!r}")
+        raise ResumeError(f"--resume: the results file was measured on {old_name!r}, this GPU is {gpu_name!r}")
+    old_packages = doc["env"].get("packages", {})
+    for name in sorted(set(old_packages) | set(packages)):
+        if old_packages.get(name) != packages.get(name):
+            raise ResumeError(f"--resume: package {name} was {old_packages.get(name)!r} in the results file, "
+                              f"now {packages.get(name)!r}")
     by_group: dict[tuple, dict[str, dict]] = {}
     for row in doc["rows"]:
         by_group.setdefault(group_key(row), {})[row["kernel"]] = row
@@ -303,11 +316,13 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
     done: dict[tuple, list[dict]] = {}
     if args.resume and os.path.exists(json_path):
         previous = read_json(json_path)
-        done = finished_rows(previous, plan, settings, props.name)
+        done = finished_rows(previous, plan, settings, props.name, env["packages"])
         doc["env"] = previous["env"]
         doc["env"].setdefault("resumed", []).append(
             {"date_utc": env["date_utc"], "host": env["host"], "git_commit": env["git_commit"],
              "nvidia_smi": env["nvidia_smi"], "max_minutes": args.max_minutes, "groups_kept": len(done)})
+    elif args.resume:
+        print(f"--resume: no results file at {json_path}; starting a new run", flush=True)
     earlier_wall_s = doc["env"].get("wall_s", 0.0) if args.resume else 0.0
     started = time.perf_counter()
     deadline = started + 60 * args.max_minutes if args.max_minutes else None
@@ -360,7 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: python -m bench times CUDA kernels and found no CUDA device (use --dry-run to see the plan)",
               file=sys.stderr)
         return 2
-    run(plan, args, settings)
+    try:
+        run(plan, args, settings)
+    except ResumeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

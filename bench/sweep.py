@@ -141,6 +141,7 @@ def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seq
     seqlens = list(QUICK_SEQLENS if quick else FULL_SEQLENS) if seqlens is None else list(seqlens)
     if not seqlens or any(not isinstance(s, int) or s < 1 for s in seqlens):
         raise ValueError(f"seqlens must be a non-empty list of positive ints, got {seqlens!r}")
+    seqlens = list(dict.fromkeys(seqlens))  # a repeated seqlen would make two groups of one shape
     chosen = None
     if kernel_patterns:
         chosen = select_kernels(kernel_patterns, list(KERNELS))

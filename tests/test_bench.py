@@ -122,6 +122,7 @@ def test_quick_plan_and_filters():
         build_plan(quick=False, map_masks="diagonal")
     with pytest.raises(ValueError, match="seqlens"):
         build_plan(quick=True, seqlens=[])
+    assert build_plan(quick=True, seqlens=[2048, 2048]) == build_plan(quick=True, seqlens=[2048])
 
 
 def test_shape_validation_and_seqlen_parsing():
@@ -428,7 +429,7 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 def test_resume_keeps_finished_groups_and_refuses_other_settings():
-    from bench.__main__ import finished_rows, parse_args, settings_of
+    from bench.__main__ import ResumeError, finished_rows, parse_args, settings_of
 
     plan = build_plan(quick=True)
     settings = settings_of(parse_args(["--quick", "--max-minutes", "5"]))
@@ -436,20 +437,31 @@ def test_resume_keeps_finished_groups_and_refuses_other_settings():
     for group in plan[:2]:  # two groups measured, the second cut by the time budget on its last kernel
         rows += [dict(new_row(group.shape, KERNELS[name]), status="ok") for name in group.kernels]
     rows[-1].update(status="skipped", reason="time budget (--max-minutes 5) spent")
-    doc = {"env": {"settings": settings, "gpu": {"name": "NVIDIA H200"}}, "rows": json.loads(json.dumps(rows))}
+    packages = {"torch": "2.11.0", "flash-attn-4": "4.0.0b36"}
+    doc = {"env": {"settings": settings, "gpu": {"name": "NVIDIA H200"}, "packages": packages},
+           "rows": json.loads(json.dumps(rows))}
 
     longer = settings_of(parse_args(["--quick", "--max-minutes", "9"]))  # the budget may change
-    done = finished_rows(doc, plan, longer, "NVIDIA H200")
+    done = finished_rows(doc, plan, longer, "NVIDIA H200", packages)
     assert list(done) == [group_key(plan[0].shape)]
     assert [r["kernel"] for r in done[group_key(plan[0].shape)]] == list(plan[0].kernels)
 
     del doc["rows"][0]  # a group with a kernel row missing (run killed mid-group) is not finished
-    assert finished_rows(doc, plan, longer, "NVIDIA H200") == {}
+    assert finished_rows(doc, plan, longer, "NVIDIA H200", packages) == {}
 
-    with pytest.raises(ValueError, match="'rounds' was 5 in the results file, now 3"):
-        finished_rows(doc, plan, settings_of(parse_args(["--quick", "--rounds", "3"])), "NVIDIA H200")
-    with pytest.raises(ValueError, match="measured on 'NVIDIA H200', this GPU is 'NVIDIA H100'"):
-        finished_rows(doc, plan, settings, "NVIDIA H100")
+    with pytest.raises(ResumeError, match="'rounds' was 5 in the results file, now 3"):
+        finished_rows(doc, plan, settings_of(parse_args(["--quick", "--rounds", "3"])), "NVIDIA H200", packages)
+    with pytest.raises(ResumeError, match="'preset' was 'quick' in the results file, now 'full'"):
+        finished_rows(doc, plan, settings_of(parse_args([])), "NVIDIA H200", packages)
+    with pytest.raises(ResumeError, match="measured on 'NVIDIA H200', this GPU is 'NVIDIA H100'"):
+        finished_rows(doc, plan, settings, "NVIDIA H100", packages)
+    with pytest.raises(ResumeError, match="package torch was '2.11.0' in the results file, now '2.12.0'"):
+        finished_rows(doc, plan, settings, "NVIDIA H200", dict(packages, torch="2.12.0"))
+
+    doc["env"]["resumed"] = [{"date_utc": "2026-11-30T01:00:00+00:00", "host": "h", "git_commit": "abc",
+                              "nvidia_smi": {"clocks.sm": "345 MHz"}, "groups_kept": 1}]
+    assert "- resumed 2026-11-30T01:00:00+00:00 on h (commit abc, SM 345 MHz at start): kept 1" in \
+        markdown_report({"env": doc["env"], "rows": []})
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------------
