@@ -118,7 +118,7 @@ def check_dense(shape, causal, fmt, lines):
         }
         if mode == "fp8":
             result["rel_vs_bf16_dot_mode"] = rel(out.float(), outs["bf16"].float())
-        result["pass"] = (result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(mode, result)
+        result["pass"] = (result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(mode, fmt, result)
                           and result["recoveries_equal"] and result["finite"]
                           and result["rel_exact_build_vs_fp32_attention"] < OUT_REL_TOL)
         extra = f", fp8 vs bf16 mode {result['rel_vs_bf16_dot_mode']:.2e}" if mode == "fp8" else ""
@@ -145,7 +145,7 @@ def check_varlen(fmt, causal, dot_mode, lines):
               "rel_vs_reference": rel(out.float(), ref_out),
               **lse_stats(lse, ref_lse),
               "masked_rows_ok": bool(torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)))}
-    result["pass"] = result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(dot_mode, result) and result["masked_rows_ok"]
+    result["pass"] = result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(dot_mode, fmt, result) and result["masked_rows_ok"]
     log(lines, f"{'PASS' if result['pass'] else 'FAIL'} varlen {fmt} causal={causal} dot_mode={dot_mode}: "
                f"vs ref {result['rel_vs_reference']:.2e}, {lse_text(result)}")
     return result
