@@ -14,8 +14,9 @@ the approximate modes take it with `max.NaN` (FMNMX3.NAN, the same instruction c
 a NaN score makes the row's running max NaN for good, and a score of +inf (stock: `exp2(inf - inf)` = NaN)
 makes it +inf. Unlike SM90, the final normalisation and the LSE are the correction warps' (kernel code):
 they scale O by 1 / row_sum, or by 1 when the row sum is 0 or NaN, and write LSE = -inf for such a row. So
-the row must reach them as stock's does, with a NaN in P and in the row sum. Every x of a poisoned row is
-NaN (the bias `max_offset - m * scale_log2` is), which the weight builders clamp away; instead the first
+the row must reach them as stock's does, with a NaN in P and in the row sum. With a NaN row max every x of
+the row is NaN (the bias `max_offset - m * scale_log2` is); with +inf, x is -inf for finite scores and NaN
+only where the score is +inf. The weight builders clamp either to a finite weight; instead the first
 weight of each tile takes `w + max.NaN(m, 0) * 0` (two instructions per row per tile, `nan_row_weight`):
 w unchanged for a finite or fully masked (-inf) max, NaN for a NaN or +inf max. P then carries the NaN
 through the PV GEMM into every column of O, the row sum is NaN, and the correction warps give O = NaN and

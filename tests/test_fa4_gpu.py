@@ -184,9 +184,12 @@ def test_nan_and_inf_inputs_poison_the_rows_stock_poisons(fa4, knobs, where, cau
         pytest.skip("anchor_rounding / rescale_vote are SM90 levers")
     q, k, v = _poison(*_inputs(7, 1, 640, 640, 2, 1), where)
     with torch.no_grad():
-        stock_out, _ = fa4(q, k, v, causal=causal, return_lse=True)
+        stock_out, stock_lse = fa4(q, k, v, causal=causal, return_lse=True)
         out, lse = rowmax_attn_func(q, k, v, causal=causal, return_lse=True, **knobs)
     stock_bad = torch.isnan(stock_out).any(dim=-1)
     assert stock_bad.any()  # the poisoned input reaches stock's output
     assert torch.equal(torch.isnan(out).any(dim=-1), stock_bad)
     assert torch.isfinite(out[~stock_bad]).all()
+    # The LSE too: -inf where stock's row sum is NaN (Note [NaN rows in the approximate modes]), finite elsewhere.
+    assert torch.equal(lse.isneginf(), stock_lse.isneginf()) and torch.equal(lse.isnan(), stock_lse.isnan())
+    assert torch.isfinite(lse[~(stock_lse.isneginf() | stock_lse.isnan())]).all()
