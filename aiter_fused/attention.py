@@ -2,12 +2,12 @@
 
 ``fused_softmax_attention`` (dense, FlashAttention layout) and ``fused_softmax_attention_varlen``
 (packed sequences). BF16 in, BF16 out, LSE float32 (natural log). The numerics are
-``fa4_rowmax.fused_softmax``'s (``fused_softmax_attention_reference``); ``exact=True`` runs the
+``fa4_rowmax.reference.fused_softmax``'s (``fused_softmax_attention_reference``); ``exact=True`` runs the
 same kernel with online softmax, exact exp2 and unquantized BF16 operands (``mx_format`` is then
 checked but not used).
 
 Q and K are MX-quantized along head_dim and V along keys (per sequence) before the launch, by the
-Triton kernels of ``quantize.py`` (bit-exact to ``fa4_rowmax.mx``), into e4m3-container elements
+Triton kernels of ``quantize.py`` (bit-exact to ``fa4_rowmax.reference.mx``), into e4m3-container elements
 (``torch.float8_e4m3fn``) and E8M0 bytes (uint8); P is quantized inside the kernel. ``dot_mode``
 picks how the kernel multiplies them (Note [MX dots, per architecture] in
 ``kernel.py``): ``"scaled"`` (native MX dots: gfx950, NVIDIA capability >= 10), ``"fp8"`` (Hopper's
@@ -29,13 +29,13 @@ from typing import Optional
 
 import torch
 
-from fa4_rowmax.fused_softmax import (
+from fa4_rowmax.reference.fused_softmax import (
     check_mx_format,
     check_recovery_threshold,
     operand_element_format,
     p_element_format,
 )
-from fa4_rowmax.mx import ELEMENT_FORMATS
+from fa4_rowmax.reference.mx import ELEMENT_FORMATS
 
 __all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "DOT_MODES", "HEAD_DIMS", "TILE_SIZES"]
 

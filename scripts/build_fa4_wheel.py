@@ -5,7 +5,7 @@
     python scripts/build_fa4_wheel.py --wheel flash_attn_4-4.0.0b36-py3-none-any.whl --out dist/
 
 The `wheel` package does the packaging (`wheel unpack`, `wheel pack`, which rewrites RECORD with fresh
-hashes and sizes); this script only applies the patches (scripts/fa4_patch.py, version-checked) and sets
+hashes and sizes); this script only applies the patches (fa4_rowmax/patching.py, version-checked) and sets
 the local version label `+rowmax` in the dist-info directory and METADATA. The patched FA4 imports
 `fa4_rowmax` (this project) only when a non-stock softmax_mode or knob is passed.
 """
@@ -18,9 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fa4_patch  # noqa: E402
+from fa4_rowmax import patching as fa4_patch  # noqa: E402
 
 LOCAL_LABEL = "rowmax"
 

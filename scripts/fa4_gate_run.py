@@ -5,14 +5,14 @@
 
 Steps (each recorded in DIR/fa4_gates.json and DIR/fa4_gates.log; a failing step does not stop the others):
 1. A stock copy of the installed FA4 is saved, then the patches are applied to the installed FA4
-   (scripts/fa4_patch.py; idempotent).
+   (fa4_rowmax/patching.py; idempotent).
 2. `exact` == stock, bit for bit: fixed inputs run through the patched FA4 (softmax_mode="exact", default)
    in this process and through the stock copy in a subprocess; out and lse must be identical.
 3. `rowmax_h15` (and `rowmax_pot`, `rescale_threshold`) against the semantic reference
-   (fa4_rowmax.reference.attention_reference with the kernel's tile size and threshold): single- and
+   (fa4_rowmax.reference.attention.attention_reference with the kernel's tile size and threshold): single- and
    multi-tile, causal and not, seqlens off the tile grid, GQA, varlen, causal with seqlen_q > seqlen_k
    (fully masked rows), extreme score ranges. Out within rounding of the reference, LSE too, no NaN/Inf.
-4. The correctness gates (fa4_rowmax.gates.run_gates) through the kernels: Rowmax-H15 (single-tile gate
+4. The correctness gates (fa4_rowmax.gates.gates.run_gates) through the kernels: Rowmax-H15 (single-tile gate
    against the reference, multi-tile gates), exact as the control (multi-tile gates must pass too).
 """
 
@@ -31,10 +31,9 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
-import fa4_patch  # noqa: E402
+from fa4_rowmax import patching as fa4_patch  # noqa: E402
 
 LOG: list[str] = []
 
@@ -113,7 +112,7 @@ def compare_to_reference(mode: str, rescale_threshold, cases, arch: int) -> dict
     import torch
     from flash_attn.cute import flash_attn_func
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     threshold = rescale_threshold if rescale_threshold is not None else (0.0 if arch // 10 == 9 else 8.0)
     results = {}
@@ -161,7 +160,7 @@ def varlen_vs_reference(mode: str) -> dict:
     import torch
     from flash_attn.cute import flash_attn_varlen_func
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     seqlens_q = [s for s, _ in VARLEN_SEQLENS]
     seqlens_k = [s for _, s in VARLEN_SEQLENS]
@@ -187,9 +186,9 @@ def varlen_vs_reference(mode: str) -> dict:
 def gates(mode: str, quick: bool) -> dict:
     import torch
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.gates import format_report, run_gates
+    from fa4_rowmax.gates.gates import format_report, run_gates
     from fa4_rowmax.interface import fa4_backend
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     backend = fa4_backend(mode)
     reference = None

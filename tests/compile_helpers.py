@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import compile_check  # noqa: E402
+from fa4_rowmax.stage import compile_check
 
 DEFAULT_CONFIG = compile_check.DEFAULT_CONFIG  # what a configuration not otherwise given compiles with
 

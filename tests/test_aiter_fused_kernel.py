@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from aiter_fused.attention import fused_softmax_attention, fused_softmax_attention_varlen  # noqa: E402
-from fa4_rowmax.fused_softmax import (  # noqa: E402
+from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,
 )

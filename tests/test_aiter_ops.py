@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from aiter_stub.recording_kernel import RecordingKernel
-from fa4_rowmax.fused_softmax import fused_softmax_attention_reference
+from fa4_rowmax.reference.fused_softmax import fused_softmax_attention_reference
 
 BF16 = torch.bfloat16
 

@@ -30,7 +30,7 @@ import aiter_fused  # noqa: E402
 from aiter_fused import override, vllm_plugin  # noqa: E402
 from aiter_stub import stand_ins  # noqa: E402
 from aiter_stub.recording_kernel import RecordingKernel, intercept_aiter_ops  # noqa: E402
-from fa4_rowmax.fused_softmax import (  # noqa: E402
+from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,
     hybrid_format,

@@ -1,4 +1,4 @@
-"""aiter_fused.quantize (Triton MX quantization of Q/K/V) bit for bit against fa4_rowmax.mx.quantize_mx, on
+"""aiter_fused.quantize (Triton MX quantization of Q/K/V) bit for bit against fa4_rowmax.reference.mx.quantize_mx, on
 Triton's CPU interpreter (or the GPU when there is one): scale bytes equal and element bytes equal (e4m3
 container, so the sign of zero and NaN count too)."""
 
@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from aiter_fused.quantize import quantize_head_dim, quantize_keys  # noqa: E402
-from fa4_rowmax.mx import quantize_mx  # noqa: E402
+from fa4_rowmax.reference.mx import quantize_mx  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

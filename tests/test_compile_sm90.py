@@ -1,6 +1,6 @@
 """SM90 (Hopper) FA4 kernels with the softmax stage compile to cubin on the CPU; SASS read with cuobjdump.
 
-Each configuration compiles in its own subprocess against private FA4 copies (scripts/compile_check.py).
+Each configuration compiles in its own subprocess against private FA4 copies (fa4_rowmax/stage/compile_check.py).
 The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow) (dtypes x causal x head dim x GQA/varlen x modes).
 """
 
@@ -21,8 +21,8 @@ from compile_helpers import (  # noqa: E402
     full_matrix_only_on_request,
     result as _result,
 )
-from fa4_rowmax.exp_approx import h15  # noqa: E402
-from fa4_rowmax.softmax_base import (  # noqa: E402
+from fa4_rowmax.reference.exp_approx import h15  # noqa: E402
+from fa4_rowmax.stage.softmax_base import (  # noqa: E402
     H15_CLAMP,
     H15_FOLD_CLAMP,
     H15_ROUND,

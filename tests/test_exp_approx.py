@@ -7,7 +7,7 @@ import torch
 
 from conftest import DEVICES
 
-from fa4_rowmax.exp_approx import h15, h15_bits, pot, q_half, schraudolph
+from fa4_rowmax.reference.exp_approx import h15, h15_bits, pot, q_half, schraudolph
 
 ENVELOPE_LOW, ENVELOPE_HIGH = -0.25, math.log2(1.5) - 0.25  # 0.33496...
 # x >= this keeps H a normal fp32 number, where the envelope holds.

@@ -20,7 +20,7 @@ def fa4():
     from fa4_rowmax.interface import is_fa4_patched
 
     if not is_fa4_patched():
-        pytest.skip("FA4 is not patched: python scripts/fa4_patch.py apply")
+        pytest.skip("FA4 is not patched: python -m fa4_rowmax.patching apply")
     from flash_attn.cute import flash_attn_func
 
     return flash_attn_func
@@ -57,7 +57,7 @@ def _assert_matches_reference(out, lse, ref_out, ref_lse):
 )
 def test_kernel_matches_reference(fa4, mode, shape, causal):
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     q, k, v = _inputs(0, *shape)
     with torch.no_grad():
@@ -83,9 +83,9 @@ def test_gradients_are_refused_for_approximate_modes(fa4):
 
 def test_single_tile_gate(fa4):
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.gates import single_tile_gate
+    from fa4_rowmax.gates.gates import single_tile_gate
     from fa4_rowmax.interface import fa4_backend
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     reference = functools.partial(attention_reference, config=SoftmaxConfig(mode="rowmax_h15", tile_n=128))
     report = single_tile_gate(fa4_backend("rowmax_h15"), reference, device="cuda", seed=5)
@@ -111,7 +111,7 @@ def rowmax_attn(fa4):
 )
 def test_folded_h15_matches_the_half_octave_reference(rowmax_attn, shape, causal, vote, threshold):
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     q, k, v = _inputs(3, *shape)
     with torch.no_grad():

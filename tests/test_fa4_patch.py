@@ -16,11 +16,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-fa4_patch = pytest.importorskip("fa4_patch")
-pytest.importorskip("flash_attn.cute")
-
+from fa4_rowmax import patching as fa4_patch
 from fa4_rowmax.interface import LOG2_ROUND_UP, SoftmaxStage, softmax_stage  # noqa: E402
 
 PATCHED_FILES = ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm90.py", "flash_attn/cute/flash_fwd_sm100.py")
@@ -85,7 +81,7 @@ def test_edited_file_is_refused_and_nothing_is_written(stock_copy, tmp_path):
 
 def test_cli_status_check_and_exit_codes(stock_copy, tmp_path):
     site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
-    script = [sys.executable, str(ROOT / "scripts/fa4_patch.py")]
+    script = [sys.executable, "-m", "fa4_rowmax.patching"]
     run = lambda *a: subprocess.run(script + list(a) + ["--site", str(site)], capture_output=True, text=True)
     assert run("check").returncode == 1
     assert "stock" in run("status").stdout

@@ -1,4 +1,4 @@
-"""The pure Fused-Softmax pieces and the pure reference (fa4_rowmax.fused_softmax)."""
+"""The pure Fused-Softmax pieces and the pure reference (fa4_rowmax.reference.fused_softmax)."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fa4_rowmax.fused_softmax import (
+from fa4_rowmax.reference.fused_softmax import (
     MX_FORMATS,
     check_recovery_threshold,
     frozen_max_step,
@@ -20,7 +20,7 @@ from fa4_rowmax.fused_softmax import (
     quantize_p,
     schraudolph_bf16,
 )
-from fa4_rowmax.mx import fake_quantize_mx
+from fa4_rowmax.reference.mx import fake_quantize_mx
 
 LOG2E = math.log2(math.e)
 

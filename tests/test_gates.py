@@ -2,7 +2,7 @@
 
 The backends here are closed-form fp64 attention (whole-row anchor, no tiles), written independently of
 the library's reference so that a bug shared by the two cannot hide; the library's reference backend is
-gated too once `fa4_rowmax.reference` is importable.
+gated too once `fa4_rowmax.reference.attention` is importable.
 """
 
 import functools
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from fa4_rowmax.gates import (
+from fa4_rowmax.gates.gates import (
     H15_ENVELOPE,
     GateReport,
     format_report,
@@ -96,7 +96,7 @@ class OneOctaveOffBackend:
 
 
 def _reference_h15_backend(rescale_threshold=0.0):
-    reference = pytest.importorskip("fa4_rowmax.reference")
+    reference = pytest.importorskip("fa4_rowmax.reference.attention")
     from fa4_rowmax.config import SoftmaxConfig
 
     config = SoftmaxConfig(mode="rowmax_h15", rescale_threshold=rescale_threshold)

@@ -6,7 +6,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from fa4_rowmax import hf_attention  # noqa: E402
+from aiter_fused import hf as fused_hf  # noqa: E402
+from fa4_rowmax import hf  # noqa: E402
 
 
 def tiny_llama(seed: int, num_layers: int = 2, head_dim: int = 64) -> torch.nn.Module:
@@ -27,7 +28,7 @@ def logits(model, attention: str, input_ids, attention_mask=None) -> torch.Tenso
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
-    return hf_attention.register()
+    return {**hf.register(), **fused_hf.register()}
 
 
 @pytest.mark.parametrize("seqlen", [1, 77, 300])  # one token, less than a tile, several tiles with a ragged end
@@ -96,18 +97,18 @@ def test_fold_modes_run_the_half_octave_anchor():
     # The fold modes are Rowmax-H15 with the SM90 half-octave anchor: the same model output as the reference
     # called with that config, and different from the exact-anchor mode (the lattice moves by up to 1/4 octave).
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     for threshold in (0, 8):
-        config = hf_attention.MODES[f"rowmax_h15_fold_t{threshold}"].config(0, 2)
+        config = hf.MODES[f"rowmax_h15_fold_t{threshold}"].config(0, 2)
         assert config == SoftmaxConfig(mode="rowmax_h15", rescale_threshold=float(threshold), anchor="tile",
                                        anchor_rounding="half_octave")
     torch.manual_seed(11)
     q, k, v = torch.randn(1, 300, 6, 64) * 3, torch.randn(1, 300, 2, 64), torch.randn(1, 300, 2, 64)
-    function = hf_attention.make_attention_function("rowmax_h15_fold_t8")
+    function = hf.make_attention_function("rowmax_h15_fold_t8")
     module = tiny_llama(seed=11, num_layers=1).model.layers[0].self_attn
     got, _ = function(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, scaling=0.125)
-    expected, _ = attention_reference(q, k, v, hf_attention.MODES["rowmax_h15_fold_t8"].config(0, 1), causal=True,
+    expected, _ = attention_reference(q, k, v, hf.MODES["rowmax_h15_fold_t8"].config(0, 1), causal=True,
                                       softmax_scale=0.125)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     model = tiny_llama(seed=12)
@@ -119,7 +120,7 @@ def test_fold_modes_run_the_half_octave_anchor():
 
 def test_counters_are_tallied_per_model_and_layer():
     model = tiny_llama(seed=5, num_layers=3)
-    state = hf_attention.attach(model)
+    state = hf.attach(model)
     ids = torch.randint(0, 97, (1, 300))
     logits(model, "rowmax_h15_t8", ids)
     snapshot = state.tally.snapshot()
@@ -137,7 +138,7 @@ def test_counters_are_tallied_per_model_and_layer():
 def test_reference_input_dtype_rounds_inputs():
     model = tiny_llama(seed=7)
     ids = torch.randint(0, 97, (1, 64))
-    state = hf_attention.attach(model)
+    state = hf.attach(model)
     fp32 = logits(model, "exact_ref", ids)
     state.reference_input_dtype = torch.bfloat16
     bf16 = logits(model, "exact_ref", ids)
@@ -146,15 +147,15 @@ def test_reference_input_dtype_rounds_inputs():
 
 
 def test_hybrid_schedule():
-    formats = [hf_attention.hybrid_mx_format(i, 30) for i in range(30)]
+    formats = [fused_hf.hybrid_mx_format(i, 30) for i in range(30)]
     assert formats[:3] == formats[-3:] == ["mxfp6"] * 3
     assert formats[3:27] == ["mxfp4"] * 24
     with pytest.raises(ValueError, match="step must be in"):
-        hf_attention.hybrid_mx_format(30, 30)
+        fused_hf.hybrid_mx_format(30, 30)
 
 
 def test_every_mode_builds_a_valid_config():
-    for name, spec in hf_attention.MODES.items():
+    for name, spec in {**hf.MODES, **fused_hf.MODES}.items():
         for layer in (0, 15, 29):
             config = spec.config(layer, 30)
             assert config.mode in ("exact", "rowmax_pot", "rowmax_h15", "baps", "fused_softmax"), name
@@ -162,20 +163,20 @@ def test_every_mode_builds_a_valid_config():
 
 def test_bad_input_is_rejected():
     with pytest.raises(ValueError, match="mode must be one of"):
-        hf_attention.make_attention_function("rowmax_h16")
+        hf.make_attention_function("rowmax_h16")
     with pytest.raises(ValueError, match="backend must be one of"):
-        hf_attention.make_attention_function("rowmax_pot", backend="gpu")
+        hf.make_attention_function("rowmax_pot", backend="gpu")
     with pytest.raises(ValueError, match="has no GPU kernel"):
-        hf_attention.make_attention_function("baps_l1", backend="kernel")
+        hf.make_attention_function("baps_l1", backend="kernel")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs CUDA"):
-            hf_attention.make_attention_function("rowmax_h15_t8", backend="kernel")
+            hf.make_attention_function("rowmax_h15_t8", backend="kernel")
     with pytest.raises(ValueError, match="reference_input_dtype"):
-        hf_attention.attach(tiny_llama(seed=8, num_layers=1), reference_input_dtype=torch.int8)
+        hf.attach(tiny_llama(seed=8, num_layers=1), reference_input_dtype=torch.int8)
     with pytest.raises(ValueError, match="no attention modules"):
-        hf_attention.attach(torch.nn.Linear(2, 2))
+        hf.attach(torch.nn.Linear(2, 2))
     # A mask that is neither causal nor padding (here: a sliding window) must not be silently replaced.
-    function = hf_attention.make_attention_function("exact_ref")
+    function = hf.make_attention_function("exact_ref")
     module = tiny_llama(seed=9, num_layers=1).model.layers[0].self_attn
     q = torch.randn(1, 6, 8, 64)
     kv = torch.randn(1, 2, 8, 64)
@@ -199,11 +200,11 @@ def _is_sm90() -> bool:
     pytest.param("rowmax_h15_fold_t8", marks=pytest.mark.skipif(not _is_sm90(), reason="the fold is an SM90 lever")),
 ])
 def test_kernel_matches_reference_in_a_model(mode):
-    hf_attention.register([mode], backend="kernel")
+    (fused_hf if mode in fused_hf.MODES else hf).register([mode], backend="kernel")
     model = tiny_llama(seed=10).cuda()
-    state = hf_attention.attach(model, reference_input_dtype=torch.bfloat16)
+    state = hf.attach(model, reference_input_dtype=torch.bfloat16)
     ids = torch.randint(0, 97, (2, 300), device="cuda")
     simulated = logits(model, mode, ids)
-    kernel = logits(model, hf_attention.attention_name(mode, "kernel"), ids)
+    kernel = logits(model, hf.attention_name(mode, "kernel"), ids)
     assert state.tally.snapshot()["calls"] > 0
     torch.testing.assert_close(kernel, simulated, rtol=0.02, atol=0.02)

@@ -6,7 +6,7 @@ import torch
 
 from conftest import DEVICES
 
-from fa4_rowmax.hif8 import HIF8_MAX, round_to_hif8
+from fa4_rowmax.reference.hif8 import HIF8_MAX, round_to_hif8
 
 
 def hif8_grid() -> np.ndarray:

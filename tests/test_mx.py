@@ -1,4 +1,4 @@
-"""fa4_rowmax.mx against torchao 0.18.0 (RCEIL) and ml_dtypes 0.6.0 (element rounding)."""
+"""fa4_rowmax.reference.mx against torchao 0.18.0 (RCEIL) and ml_dtypes 0.6.0 (element rounding)."""
 
 import warnings
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fa4_rowmax.mx import (
+from fa4_rowmax.reference.mx import (
     E8M0_NAN,
     ELEMENT_FORMATS,
     dequantize_mx,

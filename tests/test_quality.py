@@ -151,7 +151,7 @@ def test_tile_row_max_matches_a_loop():
 def test_baps_restarts_reproduce_the_reference_counters(lam):
     # The reference's rule is (block, first tile, ceil); its counters come from separate code (reference.py).
     from fa4_rowmax.config import SoftmaxConfig
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     torch.manual_seed(10 + lam)
     length = 300  # row blocks and tiles of 64 with a ragged end

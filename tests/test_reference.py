@@ -6,8 +6,8 @@ import torch
 from conftest import DEVICES
 
 from fa4_rowmax.config import SoftmaxConfig
-from fa4_rowmax.fused_softmax import fused_softmax_attention_reference, fused_softmax_attention_reference_varlen
-from fa4_rowmax.reference import SUPPORTED_HEAD_DIMS, attention_reference
+from fa4_rowmax.reference.fused_softmax import fused_softmax_attention_reference, fused_softmax_attention_reference_varlen
+from fa4_rowmax.reference.attention import SUPPORTED_HEAD_DIMS, attention_reference
 
 F64 = dict(compute_dtype=torch.float64)
 EXACT_F64 = SoftmaxConfig(p_dtype=torch.float64, tile_n=32)
@@ -506,7 +506,7 @@ def test_anchor_rounding_is_validated(kwargs, match):
 
 def _half_octave_weights_one_tile(q, k, v, scale):
     """fp64 H15 on one tile with the anchor a = round_half_even(2 * rowmax(x)) / 2, x = s * scale_log2."""
-    from fa4_rowmax.exp_approx import h15
+    from fa4_rowmax.reference.exp_approx import h15
 
     scale_log2 = scale * math.log2(math.e)
     x = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale_log2

@@ -2,7 +2,7 @@
 
 - `RecordingKernel` replaces OUR kernel entries `aiter_fused.attention.fused_softmax_attention` /
   `fused_softmax_attention_varlen` (same signatures) with the project's semantic reference on the CPU
-  (`fa4_rowmax.fused_softmax`; exact attention in fp64 for `exact=True`), recording every call.
+  (`fa4_rowmax.reference.fused_softmax`; exact attention in fp64 for `exact=True`), recording every call.
 - `intercept_aiter_ops` overrides the CPU kernels of AITER's compiled attention ops
   (`torch.ops.aiter.mha_fwd`, ...) through `torch.library`, recording every call, so a test can see
   that a call fell through to AITER's original forward. They compute exact attention in fp64.
@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fa4_rowmax.fused_softmax import fused_softmax_attention_reference, fused_softmax_attention_reference_varlen
+from fa4_rowmax.reference.fused_softmax import fused_softmax_attention_reference, fused_softmax_attention_reference_varlen
 
 AITER_FORWARD_OPS = ("mha_fwd", "fmha_v3_fwd", "mha_varlen_fwd", "fmha_v3_varlen_fwd")
 

@@ -42,7 +42,7 @@ from quack import layout_utils
 import flash_attn.cute.utils as utils
 from flash_attn.cute.softmax import Softmax
 
-from fa4_rowmax.softmax_base import (
+from fa4_rowmax.stage.softmax_base import (
     H15_ROUND,
     RowmaxSoftmaxMixin,
     h15_alu,

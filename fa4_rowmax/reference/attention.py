@@ -74,10 +74,10 @@ from typing import Optional
 
 import torch
 
-from fa4_rowmax import fused_softmax
+from fa4_rowmax.reference import fused_softmax
 from fa4_rowmax.config import SoftmaxConfig
-from fa4_rowmax.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
-from fa4_rowmax.hif8 import round_to_hif8
+from fa4_rowmax.reference.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
+from fa4_rowmax.reference.hif8 import round_to_hif8
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Apply, revert or check this project's patches (patches/*.diff) on an installed FlashAttention-4.
 
-    python scripts/fa4_patch.py status            # stock / patched, and the FA4 version
-    python scripts/fa4_patch.py apply [--dry-run] # idempotent: patches that are already in are skipped
-    python scripts/fa4_patch.py revert [--dry-run]
-    python scripts/fa4_patch.py check             # exit 0 only if every patch is applied
-    python scripts/fa4_patch.py copy DEST [--state stock|patched]   # a private copy to put on sys.path
+    python -m fa4_rowmax.patching status            # stock / patched, and the FA4 version
+    python -m fa4_rowmax.patching apply [--dry-run] # idempotent: patches that are already in are skipped
+    python -m fa4_rowmax.patching revert [--dry-run]
+    python -m fa4_rowmax.patching check             # exit 0 only if every patch is applied
+    python -m fa4_rowmax.patching copy DEST [--state stock|patched]   # a private copy to put on sys.path
 
 `--site DIR` picks the directory that holds `flash_attn/` (default: where `import flash_attn` finds it,
 located without importing it). The patches are unified diffs against the pinned flash-attn-4 4.0.0b36;

@@ -1,17 +1,19 @@
-"""Every softmax mode of the project as a Hugging Face transformers attention implementation.
+"""The rowmax, exact and BAPS softmax modes as Hugging Face transformers attention implementations, and the
+small helper every package's modes share (`ModeSpec`, `make_attention_function`, `register`); the
+Fused-Softmax formats register through the same helper from `aiter_fused.hf`.
 
 `register()` adds one attention function per mode to `transformers.AttentionInterface` (and the matching
 mask builder to `transformers.masking_utils.AttentionMaskInterface`, so causality and padding reach the
 function), after which `model.set_attn_implementation(name)` runs the model through that mode.
 
 The one switch is `backend`:
-- `"reference"` (default): the semantic reference `fa4_rowmax.reference.attention_reference`, on whatever
+- `"reference"` (default): the semantic reference `fa4_rowmax.reference.attention.attention_reference`, on whatever
   device the model is on (CPU here; on CUDA it is the GPU simulation). Registered under the mode's name,
   e.g. `"rowmax_h15_t8"`.
 - `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
   for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `fa4_rowmax.interface.rowmax_attn_func` for the
-  SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); `aiter_fused.attention.fused_softmax_attention`
-  for the Fused-Softmax modes. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
+  SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); each `ModeSpec` carries its own
+  kernel factory, so `aiter_fused.hf` brings the Fused-Softmax kernel. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
   without CUDA, raises: a kernel name never silently runs the simulator.
 
 Counters: `attach(model)` gives the model an `AttentionRunState` whose `tally` sums the reference's
@@ -31,25 +33,9 @@ from typing import Callable
 import torch
 
 from fa4_rowmax.config import SoftmaxConfig
-from fa4_rowmax.fused_softmax import hybrid_format
 
 BACKENDS = ("reference", "kernel")
 KERNEL_PREFIX = "kernel_"
-
-# Note [Hybrid MX schedule for an LLM]
-# The Fused-Softmax paper's hybrid runs MXFP6 for the first and last three of twenty diffusion steps and
-# MXFP4 between. A decoder has no denoising steps; the analogue is depth. We run MXFP6 in the first and
-# last three layers and MXFP4 in between: the first layers build the attention sinks and positional
-# patterns every later layer reads, and the last layers feed the output distribution directly, so an
-# error there is not washed out by later layers. For SmolLM2-135M (30 layers) that is 6 MXFP6 layers
-# and 24 MXFP4 layers (20% at six bits, against the paper's 6 of 20 steps).
-HYBRID_EDGE_LAYERS = 3
-
-
-def hybrid_mx_format(layer_idx: int, num_layers: int) -> str:
-    """`mxfp6` in the first and last `HYBRID_EDGE_LAYERS` layers, `mxfp4` between (Note [Hybrid MX schedule])."""
-    return hybrid_format(layer_idx, num_layers, edge_steps=HYBRID_EDGE_LAYERS)
-
 
 @dataclass(frozen=True)
 class ModeSpec:
@@ -57,14 +43,18 @@ class ModeSpec:
 
     name: str
     description: str
-    config_fields: dict  # SoftmaxConfig fields; "mx_format": "hybrid" is resolved per layer
+    config_fields: dict  # SoftmaxConfig fields, the same in every layer ...
     kernel: str | None  # "fa4" or "aiter_fused": the GPU kernel that implements it, if any
     kernel_kwargs: dict = field(default_factory=dict)
+    # ... updated per layer by layer_fields(layer_idx, num_layers) where a mode changes with depth.
+    layer_fields: Callable[[int, int], dict] | None = None
+    # kernel_factory(spec) -> call(module, q, k, v, causal, scale) -> (out, counters or None); None: FA4's.
+    kernel_factory: Callable | None = None
 
     def config(self, layer_idx: int, num_layers: int) -> SoftmaxConfig:
         fields = dict(self.config_fields)
-        if fields.get("mx_format") == "hybrid":
-            fields["mx_format"] = hybrid_mx_format(layer_idx, num_layers)
+        if self.layer_fields is not None:
+            fields.update(self.layer_fields(layer_idx, num_layers))
         return SoftmaxConfig(**fields)
 
 
@@ -101,16 +91,6 @@ def _mode_table() -> dict[str, ModeSpec]:
                  {"mode": "baps", "baps_lambda": lam}, None)
         for lam in (0, 1, 2)
     ]
-    specs += [
-        ModeSpec(f"fused_{fmt}", f"Fused-Softmax, {fmt.upper()} operands", {"mode": "fused_softmax", "mx_format": fmt},
-                 "aiter_fused", {"mx_format": fmt})
-        for fmt in ("mxfp8", "mxfp6", "mxfp4")
-    ]
-    specs.append(
-        ModeSpec("fused_hybrid",
-                 f"Fused-Softmax, MXFP6 in the first and last {HYBRID_EDGE_LAYERS} layers, MXFP4 between",
-                 {"mode": "fused_softmax", "mx_format": "hybrid"}, "aiter_fused", {"mx_format": "hybrid"})
-    )
     return {s.name: s for s in specs}
 
 
@@ -236,7 +216,7 @@ def _causal_from_mask(attention_mask: torch.Tensor | None, is_causal: bool, seql
 
 
 def _reference_backend(spec: ModeSpec):
-    from fa4_rowmax.reference import attention_reference
+    from fa4_rowmax.reference.attention import attention_reference
 
     def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
         config = spec.config(module.layer_idx, module.config.num_hidden_layers)
@@ -254,40 +234,33 @@ def _reference_backend(spec: ModeSpec):
     return run
 
 
-def _kernel_backend(spec: ModeSpec):
-    if spec.kernel is None:
-        raise ValueError(
-            f"mode {spec.name!r} has no GPU kernel; modes with kernels: "
-            f"{sorted(n for n, s in MODES.items() if s.kernel)} (use backend='reference' for the others)"
-        )
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"backend='kernel' needs CUDA (mode {spec.name!r}); use backend='reference' on CPU")
-    if spec.kernel == "fa4" and "anchor_rounding" in spec.kernel_kwargs:
-        # The SM90 levers are reachable only through rowmax_attn_func (the patched flash_attn_func lacks them).
+def _fa4_kernel(spec: ModeSpec):
+    """FA4's patched flash_attn_func, or rowmax_attn_func for the SM90 levers the public call lacks."""
+    if "anchor_rounding" in spec.kernel_kwargs:
         from fa4_rowmax.interface import rowmax_attn_func
 
         def call(module, q, k, v, causal, scale):
             return rowmax_attn_func(q, k, v, softmax_scale=scale, causal=causal, **spec.kernel_kwargs), None
 
-    elif spec.kernel == "fa4":
-        from flash_attn.cute import flash_attn_func
+        return call
+    from flash_attn.cute import flash_attn_func
 
-        def call(module, q, k, v, causal, scale):
-            result = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
-            return (result[0] if isinstance(result, tuple) else result), None
+    def call(module, q, k, v, causal, scale):
+        result = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
+        return (result[0] if isinstance(result, tuple) else result), None
 
-    else:
-        from aiter_fused.attention import fused_softmax_attention
+    return call
 
-        def call(module, q, k, v, causal, scale):
-            mx_format = spec.kernel_kwargs["mx_format"]
-            if mx_format == "hybrid":
-                mx_format = hybrid_mx_format(module.layer_idx, module.config.num_hidden_layers)
-            out, recoveries = fused_softmax_attention(
-                q, k, v, causal=causal, softmax_scale=scale, mx_format=mx_format, return_lse=False,
-                return_recoveries=True,
-            )
-            return out, {"recoveries": int(recoveries.sum())}
+
+def _kernel_backend(spec: ModeSpec, modes: dict[str, ModeSpec]):
+    if spec.kernel is None:
+        raise ValueError(
+            f"mode {spec.name!r} has no GPU kernel; modes with kernels: "
+            f"{sorted(n for n, s in modes.items() if s.kernel)} (use backend='reference' for the others)"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"backend='kernel' needs CUDA (mode {spec.name!r}); use backend='reference' on CPU")
+    call = (spec.kernel_factory or _fa4_kernel)(spec)
 
     def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
         if q.device.type != "cuda":
@@ -302,14 +275,14 @@ def _kernel_backend(spec: ModeSpec):
     return run
 
 
-def make_attention_function(mode: str, backend: str = "reference") -> Callable:
-    """The transformers attention function for `mode` on `backend` (see the module docstring)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+def make_attention_function(mode: str, backend: str = "reference", modes: dict[str, ModeSpec] = MODES) -> Callable:
+    """The transformers attention function for `mode` (a name in `modes`) on `backend` (module docstring)."""
+    if mode not in modes:
+        raise ValueError(f"mode must be one of {sorted(modes)}, got {mode!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    spec = MODES[mode]
-    run = _reference_backend(spec) if backend == "reference" else _kernel_backend(spec)
+    spec = modes[mode]
+    run = _reference_backend(spec) if backend == "reference" else _kernel_backend(spec, modes)
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if dropout:
@@ -344,15 +317,17 @@ def attention_name(mode: str, backend: str = "reference") -> str:
     return mode if backend == "reference" else KERNEL_PREFIX + mode
 
 
-def register(modes=None, backend: str = "reference") -> dict[str, str]:
-    """Register `modes` (default: all of `MODES`) with transformers; returns {mode: attention name}."""
+def register(modes=None, backend: str = "reference", table: dict[str, ModeSpec] = MODES) -> dict[str, str]:
+    """Register `modes` (names in `table`, default: all of it) with transformers; returns {mode: attention name}.
+
+    `table` is this module's `MODES` or another package's (`aiter_fused.hf.MODES`), or a union of them."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    modes = list(MODES) if modes is None else list(modes)
+    modes = list(table) if modes is None else list(modes)
     names = {}
     for mode in modes:
-        function = make_attention_function(mode, backend)
+        function = make_attention_function(mode, backend, table)
         name = attention_name(mode, backend)
         AttentionInterface.register(name, function)
         # sdpa's mask builder: None for plain causal/full attention, a boolean mask when there is padding.

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Compile FA4 forward kernels to cubin on a CPU-only machine and read their SASS.
 
-    python scripts/compile_check.py --arch sm90 --matrix ci --out /tmp/cc      # the CI matrix
-    python scripts/compile_check.py --arch sm100 --matrix full --out /tmp/cc   # the bigger one
-    python scripts/compile_check.py one --arch sm90 --config '{"mode": "rowmax_h15"}'  # one config, JSON out
+    python -m fa4_rowmax.stage.compile_check --arch sm90 --matrix ci --out /tmp/cc      # the CI matrix
+    python -m fa4_rowmax.stage.compile_check --arch sm100 --matrix full --out /tmp/cc   # the bigger one
+    python -m fa4_rowmax.stage.compile_check one --arch sm90 --config '{"mode": "rowmax_h15"}'  # one config, JSON out
 
 How (shared/notes/rowmax_h15.md): FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH / FLASH_ATTENTION_NUM_SMS select the
 kernel and target, the forward runs inside torch's FakeTensorMode on "cuda" tensors so the kernel is traced
@@ -32,10 +32,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import fa4_patch  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+from fa4_rowmax import patching as fa4_patch
 
 ARCH_ENV = {
     "sm90": {"FLASH_ATTENTION_ARCH": "sm_90", "CUTE_DSL_ARCH": "sm_90a", "FLASH_ATTENTION_NUM_SMS": "132"},
@@ -178,7 +176,7 @@ def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: flo
     env = dict(os.environ, **ARCH_ENV[arch], CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump),
                PYTHONPATH=os.pathsep.join([str(fa4_site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "one", "--arch", arch, "--config", json.dumps(config),
+    cmd = [sys.executable, "-m", "fa4_rowmax.stage.compile_check", "one", "--arch", arch, "--config", json.dumps(config),
            "--dump", str(dump)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

@@ -40,7 +40,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 import flash_attn.cute.utils as utils
 from flash_attn.cute.softmax import SoftmaxSm100
 
-from fa4_rowmax.softmax_base import (
+from fa4_rowmax.stage.softmax_base import (
     RowmaxSoftmaxMixin,
     _asm_f32,
     h15_alu_pair,

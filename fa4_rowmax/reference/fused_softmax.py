@@ -37,7 +37,7 @@ so torch and Triton produce the same bits from the same ``y``. ``y < -127`` give
 Note [Two-stage P and the row sum]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The BF16 ``P`` is then quantized to the P element format in MX blocks of 32 consecutive keys (RCEIL
-scale per row and block, ``fa4_rowmax.mx``): MXFP8 -> e4m3, MXFP6 and MXFP4 -> e2m3 (the paper's
+scale per row and block, ``fa4_rowmax.reference.mx``): MXFP8 -> e4m3, MXFP6 and MXFP4 -> e2m3 (the paper's
 MXFP4 keeps six-bit P). The row sum ``l`` is the sum of the *same quantized* ``P`` (a GEMM against a
 ones vector in the kernel), so numerator and denominator agree. Blocks are aligned to the key index
 within the sequence (tiles start at multiples of the tile size, a multiple of 32).
@@ -56,7 +56,7 @@ from typing import Optional
 
 import torch
 
-from fa4_rowmax.mx import MX_BLOCK, fake_quantize_mx
+from fa4_rowmax.reference.mx import MX_BLOCK, fake_quantize_mx
 
 __all__ = [
     "MX_FORMATS",

@@ -45,7 +45,7 @@ from typing import Sequence
 
 import torch
 
-from fa4_rowmax.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
+from fa4_rowmax.gates.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
 
 H15_ENVELOPE = (-0.25, math.log2(1.5) - 0.25)  # log2(H(y)) - y, octaves
 H15_RATIO_BOUND = math.log2(1.5)  # |log2(P_kernel / P_exact)|: two envelope extremes apart
