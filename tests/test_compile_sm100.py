@@ -8,8 +8,6 @@ import re
 
 import pytest
 
-pytest.importorskip("flash_attn.cute")
-pytest.importorskip("triton")
 
 from compile_helpers import (  # noqa: E402
     DEFAULT_CONFIG,

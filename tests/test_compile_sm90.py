@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("flash_attn.cute")
-pytest.importorskip("triton")
 
 from compile_helpers import (  # noqa: E402
     DEFAULT_CONFIG,

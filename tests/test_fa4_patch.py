@@ -16,6 +16,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+from fa4_rowmax import patched_wheel
 from fa4_rowmax import patching as fa4_patch
 from fa4_rowmax.interface import LOG2_ROUND_UP, SoftmaxStage, softmax_stage  # noqa: E402
 
@@ -186,13 +187,11 @@ def test_patched_fa4_takes_the_knobs_and_validates_before_any_kernel(patched_cop
 # --- the +rowmax wheel --------------------------------------------------------------------------------
 
 def test_build_wheel_patches_relabels_and_writes_a_correct_record(stock_copy, tmp_path):
-    """A pinned-version wheel is packed from the stock copy, then rebuilt by scripts/build_fa4_wheel.py."""
+    """A pinned-version wheel is packed from the stock copy, then rebuilt by fa4_rowmax.patched_wheel."""
     import base64
     import csv
     import zipfile
 
-    pytest.importorskip("wheel")
-    build_fa4_wheel = pytest.importorskip("build_fa4_wheel")
     src = tmp_path / "src"
     fa4_patch.copy_package(stock_copy, src, state="stock")
     (src / "flash_attn_4-4.0.0b36.dist-info" / "RECORD").unlink()
@@ -200,7 +199,7 @@ def test_build_wheel_patches_relabels_and_writes_a_correct_record(stock_copy, tm
     subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(tmp_path / "pinned"), str(src)],
                    check=True, capture_output=True)
     (pinned,) = (tmp_path / "pinned").glob("*.whl")
-    built = build_fa4_wheel.build(pinned, tmp_path / "dist")
+    built = patched_wheel.build(pinned, tmp_path / "dist")
     assert built.name.startswith("flash_attn_4-4.0.0b36+rowmax-")
     unpacked = tmp_path / "unpacked"
     with zipfile.ZipFile(built) as zf:

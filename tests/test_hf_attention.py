@@ -4,10 +4,10 @@ checked against transformers' own exact attention on a small random Llama; count
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
-from aiter_fused import hf as fused_hf  # noqa: E402
-from fa4_rowmax import hf  # noqa: E402
+from aiter_fused import hf as fused_hf
+from fa4_rowmax import hf
 
 
 def tiny_llama(seed: int, num_layers: int = 2, head_dim: int = 64) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from fa4_rowmax.reference.mx import (
     round_to_element,
 )
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+import ml_dtypes
 
 FORMATS = ["e4m3", "e2m3", "e2m1"]
 ML_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn}
@@ -186,7 +186,7 @@ def test_bad_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_matches_cpu(fmt):
     x = _random_blocks(torch.Generator().manual_seed(7), 64, torch.float32)

@@ -99,7 +99,7 @@ def test_command_line_rejects_bad_combinations():
     args = quality.parse_args(["--quick"])
     assert (args.blocks, args.block_size, args.tag) == (3, 512, "quick")
     assert quality.parse_args(["--device", "cuda", "--compare-kernels"]).modes == [
-        m for m, s in quality.hf_attention.MODES.items() if s.kernel
+        m for m, s in quality.MODES.items() if s.kernel
     ]
 
 
@@ -202,7 +202,8 @@ def test_baps_restarts_moves_the_max_after_a_restart():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -246,7 +247,7 @@ def _model_and_text_available() -> str | None:
 def quick_report(tmp_path_factory):
     missing = _model_and_text_available()
     if missing:
-        pytest.skip(f"model or text not installed (scripts/setup.sh installs both): {missing}")
+        pytest.skip(f"opt-in: the quality-study model or text is not installed (bash scripts/setup.sh --quality): {missing}")
     out = tmp_path_factory.mktemp("quality")
     report = quality.main(["--quick", "--out", str(out)])
     on_disk = json.loads((out / "quality_quick.json").read_text())
