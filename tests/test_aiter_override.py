@@ -7,6 +7,7 @@ for "AITER's original forward ran". Everything between `aiter.flash_attn_func` a
 AITER's and this project's real code.
 """
 
+import importlib.metadata
 import importlib.util
 import inspect
 import logging
@@ -38,7 +39,7 @@ from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
 
 BF16 = torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.FORCE_ENV)
+ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.ENABLE_ENV)
 
 
 @pytest.fixture(scope="session")
@@ -433,23 +434,94 @@ def test_vllm_entry_point_is_declared():
     assert inspect.signature(vllm_plugin.register).parameters == {}
 
 
-def test_vllm_plugin_installs_only_on_rocm_torch_unless_forced(aiter, monkeypatch, caplog):
-    monkeypatch.setattr(torch.version, "hip", None)
-    with caplog.at_level(logging.INFO):
-        vllm_plugin.register()
-    assert not override.is_installed() and "not a ROCm build" in caplog.text
-    monkeypatch.setenv(vllm_plugin.FORCE_ENV, "1")
-    vllm_plugin.register()
-    assert override.is_installed()
-    vllm_plugin.register()  # every vLLM process calls it; a second call changes nothing
-    assert override.uninstall() and not override.is_installed()
+def _load_declared_entry_point():
+    """The plugin as vLLM loads it: the installed package's `vllm.general_plugins` entry point."""
+    (entry_point,) = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+                      if ep.name == "aiter_fused"]
+    return entry_point.load()
 
 
-def test_vllm_plugin_installs_on_rocm_torch_and_honours_kill_switch(aiter, monkeypatch):
-    monkeypatch.setattr(torch.version, "hip", "6.4.0-standin")
-    monkeypatch.setenv(override.DISABLE_ENV, "1")
-    vllm_plugin.register()
+def _assert_aiter_untouched(aiter, kernel, aiter_ops, originals):
+    import aiter.ops.mha as mha
+
     assert not override.is_installed()
-    monkeypatch.delenv(override.DISABLE_ENV)
-    vllm_plugin.register()
+    assert {name: getattr(mha, name) for name in originals} == originals
+    q, k, v = _qkv(1, 16, 16, heads_q=2, heads_k=2, head_dim=64)
+    aiter.flash_attn_func(q, k, v)
+    q, k, v, cu_q, cu_k = _varlen_qkv([9, 7], [9, 7], heads_q=2, heads_k=2, head_dim=64)
+    aiter.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 9, causal=True)
+    assert kernel.calls == [] and aiter_ops == ["mha_fwd", "mha_varlen_fwd"]
+
+
+def test_vllm_plugin_without_opt_in_leaves_aiter_untouched(aiter, kernel, aiter_ops, monkeypatch, caplog):
+    """Installing the package, importing it and running its entry point as vLLM does, with no opt-in:
+    AITER's globals stay AITER's own functions and both public functions reach AITER's own ops, on a
+    ROCm torch as on any other (Note [Opt-in, never silent]). The decision is logged."""
+    import aiter.ops.mha as mha
+
+    originals = {name: getattr(mha, name) for name in ("_flash_attn_forward", "_flash_attn_varlen_forward")}
+    register = _load_declared_entry_point()
+    for hip in (None, "6.4.0-standin"):
+        monkeypatch.setattr(torch.version, "hip", hip)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="aiter_fused"):
+            register()
+            register()  # every vLLM process (and its argument parser) calls it
+        assert "AITER_FUSED_ENABLE is not set to 1, AITER is left untouched" in caplog.text
+        _assert_aiter_untouched(aiter, kernel, aiter_ops, originals)
+        aiter_ops.clear()
+    monkeypatch.setenv(override.FORMAT_ENV, "mxfp4")  # a format alone is no opt-in
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "0")
+    register()
+    _assert_aiter_untouched(aiter, kernel, aiter_ops, originals)
+
+
+@pytest.mark.parametrize("numerics", [{"AITER_FUSED_FORMAT": "mxfp6"}, {"AITER_FUSED_EXACT": "1"}])
+def test_vllm_plugin_opt_in_installs_and_logs(aiter, kernel, aiter_ops, monkeypatch, caplog, numerics):
+    monkeypatch.setattr(override, "_process_format", None)
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    for name, value in numerics.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.INFO, logger="aiter_fused"):
+        _load_declared_entry_point()()
     assert override.is_installed()
+    assert "AITER_FUSED_ENABLE=1: AITER override installed" in caplog.text
+    q, k, v = _qkv(1, 16, 16, heads_q=2, heads_k=2, head_dim=64)
+    aiter.flash_attn_func(q, k, v)
+    expected = ("mxfp6", False) if "AITER_FUSED_FORMAT" in numerics else ("mxfp8", True)
+    assert [(call["mx_format"], call["exact"]) for call in kernel.calls] == [expected] and aiter_ops == []
+
+
+def test_vllm_plugin_opt_in_needs_the_numerics_named(aiter, monkeypatch):
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    with pytest.raises(ValueError, match="AITER_FUSED_ENABLE=1 needs.*AITER_FUSED_FORMAT.*'mxfp8'.*AITER_FUSED_EXACT=1"):
+        vllm_plugin.register()
+    assert not override.is_installed()
+
+
+@pytest.mark.parametrize("name, value, accepted", [
+    ("AITER_FUSED_ENABLE", "true", "accepted values are '0', '1' or unset"),
+    ("AITER_FUSED_ENABLE", "yes", "accepted values are '0', '1' or unset"),
+    ("AITER_FUSED_DISABLE", "2", "accepted values are '0', '1' or unset"),
+    ("AITER_FUSED_EXACT", "on", "accepted values are '0', '1' or unset"),
+    ("AITER_FUSED_FORMAT", "mxfp9", "mx_format must be one of .*'mxfp8', 'mxfp6', 'mxfp4'"),
+])
+def test_vllm_plugin_rejects_unknown_switch_values(aiter, monkeypatch, name, value, accepted):
+    """Without the opt-in too: a typo must not leave the user on stock numerics believing otherwise."""
+    import aiter.ops.mha as mha
+
+    original = mha._flash_attn_forward
+    monkeypatch.setattr(override, "_process_format", None)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}.*{accepted}"):
+        vllm_plugin.register()
+    assert not override.is_installed() and mha._flash_attn_forward is original
+
+
+def test_vllm_plugin_kill_switch_wins_over_opt_in(aiter, monkeypatch, caplog):
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    monkeypatch.setenv(override.FORMAT_ENV, "mxfp8")
+    monkeypatch.setenv(override.DISABLE_ENV, "1")
+    with caplog.at_level(logging.INFO, logger="aiter_fused"):
+        vllm_plugin.register()
+    assert not override.is_installed() and "AITER_FUSED_DISABLE=1" in caplog.text
