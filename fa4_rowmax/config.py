@@ -1,7 +1,9 @@
 """`SoftmaxConfig`: which softmax a reference or kernel computes, and its knobs.
 
 One frozen dataclass, validated on construction, shared by the semantic reference
-(`reference.py`), the gates and the host-side dispatch. Field meanings are in
+(`reference/attention.py`), the gates and the host-side dispatch (`interface.py`, which takes its mode list
+and anchor roundings from here and derives a reference config from a resolved kernel stage:
+`SoftmaxStage.reference_config`). Field meanings are in
 `docs/design.md` ("`SoftmaxConfig` fields"); every rejected value raises `ValueError`
 (or `TypeError` for a value of the wrong type) naming the field and what it accepts.
 """
@@ -14,6 +16,9 @@ from typing import Optional
 import torch
 
 SOFTMAX_MODES = ("exact", "rowmax_pot", "rowmax_h15", "baps", "fused_softmax")
+# The modes FA4's softmax stage implements (`softmax_mode` of the patched flash_attn_func); the rest are
+# reference-only here (BAPS) or have their own kernel (Fused-Softmax, aiter_fused).
+KERNEL_MODES = ("exact", "rowmax_h15", "rowmax_pot")
 MX_FORMATS = ("mxfp8", "mxfp6", "mxfp4")
 MX_BLOCK = 32
 ANCHORS = ("tile", "row")
@@ -35,6 +40,15 @@ BAPS_LAMBDA_MAX = 15
 RECOVERY_THRESHOLD_LIMIT = 126.0
 # 2**-126 is fp32's smallest normal: a larger clamp would flush the clamped weights.
 POT_K_MAX_LIMIT = 126
+# FA4's max_offset for FP8 inputs (flash_fwd_sm100.py, Note [Low Precision Scaling]): P scaled by 2**8.
+FP8_MAX_OFFSET = 8
+_FP8_P_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Note [H15 range with an FP8 P]
+# An FP8 Rowmax-H15 P is defined by its bytes (reference/exp_approx.py, Note [H15 weights as e4m3 bytes]), and
+# those exist only up to the dtype's max: the largest weight 2**(max_offset + rescale_threshold + the round-up
+# log2(1.5) - 1/4) must stay below it (FA4's range rule), or the config has no meaning. (`exact` with an FP8 P
+# stays accepted past it: there the saturating convert is a defined behaviour the reference models.)
+H15_LOG2_ROUND_UP = math.log2(1.5) - 0.25
 
 
 def _check_int(name: str, value, low: int, high: Optional[int] = None) -> None:
@@ -106,6 +120,15 @@ class SoftmaxConfig:
                 f"SoftmaxConfig.anchor_rounding={self.anchor_rounding!r} applies to mode 'rowmax_h15' only, "
                 f"not mode={self.mode!r} (accepted there: 'exact')"
             )
+        if self.mode == "rowmax_h15" and self.p_dtype in _FP8_P_DTYPES:
+            bound = math.log2(torch.finfo(self.p_dtype).max)
+            if self.max_offset + self.rescale_threshold + H15_LOG2_ROUND_UP >= bound:
+                raise ValueError(
+                    f"SoftmaxConfig.rescale_threshold={self.rescale_threshold} with max_offset={self.max_offset} is "
+                    f"out of range for mode 'rowmax_h15' with p_dtype={self.p_dtype}: max_offset + rescale_threshold "
+                    f"+ {H15_LOG2_ROUND_UP:.3f} (H15's round-up) must stay below log2 of the dtype's max ({bound:.3f}); "
+                    f"accepted: rescale_threshold < {bound - self.max_offset - H15_LOG2_ROUND_UP:.3f}"
+                )
         if self.mode == "fused_softmax" and self.tile_n % MX_BLOCK:
             raise ValueError(
                 f"SoftmaxConfig.tile_n must be a multiple of {MX_BLOCK} for mode 'fused_softmax' "

@@ -18,10 +18,9 @@ from typing import Callable, Optional
 
 import torch
 
-FA4_SOFTMAX_MODES = ("exact", "rowmax_h15", "rowmax_pot")
-APPROXIMATE_MODES = ("rowmax_h15", "rowmax_pot")
-# Hopper levers (docs/fa4_notes.md, "Hopper variants"); SM90 only, stock values first.
-ANCHOR_ROUNDINGS = ("exact", "half_octave")
+from fa4_rowmax.config import ANCHOR_ROUNDINGS, KERNEL_MODES, SoftmaxConfig
+
+APPROXIMATE_MODES = tuple(m for m in KERNEL_MODES if m != "exact")
 
 # Note [P range with a rounded-up weight]
 # FA4 requires max_offset + rescale_threshold < log2(max of the P dtype) (Note [Low Precision Scaling] in
@@ -31,12 +30,81 @@ ANCHOR_ROUNDINGS = ("exact", "half_octave")
 # saturate in P while the fp32 row sum counts them in full.
 LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25, "rowmax_pot": 0.5}
 
-_LOG2_DTYPE_MAX = {
-    torch.float8_e4m3fn: math.log2(448.0),
-    torch.float8_e5m2: math.log2(57344.0),
-    torch.float16: math.log2(65504.0),
-    torch.bfloat16: math.log2(torch.finfo(torch.bfloat16).max),
+# Note [Features allowed with a softmax stage]
+# A softmax stage (an approximate mode, or exact with a knob) has been checked on the H200 against the
+# reference only with: dense batches, causal (bottom-right) and not, GQA, bf16/fp16 inputs, seqlens off the
+# tile grid, and NaN/Inf inputs (tests/test_fa4_gpu.py, the gates). Every other FA4 feature below either
+# changes what the softmax sees (sinks fold an exact exp2 into the row sum; softcap, score_mod and mask_mod
+# rewrite the scores; local windows and block sparsity skip tiles the running max relies on) or the way
+# partial results combine (split-KV merges per-split LSEs that the approximate weights do not define), and
+# none has a gate or reference test on the GPU. So each is refused, naming the argument and its stock value.
+# Widen `FEATURES_TESTED` one feature at a time, with an H200 test for that feature.
+FEATURE_STOCK_VALUES = {
+    "qv": None,
+    "cu_seqlens_q": None,
+    "cu_seqlens_k": None,
+    "seqused_q": None,
+    "seqused_k": None,
+    "page_table": None,
+    "softcap": None,
+    "window_size_left": None,
+    "window_size_right": None,
+    "learnable_sink": None,
+    "num_splits": 1,
+    "score_mod": None,
+    "mask_mod": None,
+    "block_sparse_tensors": None,
+    "aux_tensors": None,
+    "q_descale": None,
+    "k_descale": None,
+    "v_descale": None,
+    "gather_kv_indices": None,
+    "scheduler_metadata": None,
+    "seqlen_k_per_split": None,
 }
+FEATURES_TESTED: tuple[str, ...] = ()
+
+
+def check_features(mode: str, features: dict) -> None:
+    """Raise ValueError for a feature of `features` (FA4 argument -> value) not in `FEATURES_TESTED` that is
+    set to anything but its stock value (Note [Features allowed with a softmax stage])."""
+    unknown = sorted(set(features) - set(FEATURE_STOCK_VALUES))
+    if unknown:
+        raise TypeError(f"check_features: unknown FA4 features {unknown}; known: {sorted(FEATURE_STOCK_VALUES)}")
+    for name, value in features.items():
+        stock = FEATURE_STOCK_VALUES[name]
+        if name in FEATURES_TESTED or value is stock or (stock is not None and value == stock):
+            continue
+        raise ValueError(
+            f"{name} is not supported with softmax_mode={mode!r} and its knobs (no GPU test covers it yet); "
+            f"accepted with a softmax stage: {name}={stock!r}, or softmax_mode='exact' with rescale_threshold=None "
+            "and beta=None (stock FA4, every feature)"
+        )
+
+
+def _log2_dtype_max(q_dtype: torch.dtype) -> float:
+    """log2 of the largest value of P's dtype, from FA4's own table (flash_fwd_sm100._LOG2_DTYPE_MAX)."""
+    from flash_attn.cute.flash_fwd_sm100 import _LOG2_DTYPE_MAX
+    from flash_attn.cute.interface import torch2cute_dtype_map
+
+    if q_dtype not in torch2cute_dtype_map or torch2cute_dtype_map[q_dtype] not in _LOG2_DTYPE_MAX:
+        raise ValueError(f"q dtype must be one of {sorted(map(str, torch2cute_dtype_map))} for a softmax stage; "
+                         f"got {q_dtype}")
+    return _LOG2_DTYPE_MAX[torch2cute_dtype_map[q_dtype]]
+
+
+def fa4_default_rescale_threshold(arch: int, q_dtype: torch.dtype) -> float:
+    """The threshold stock FA4 uses: SM90 always rescales (0); SM100 keeps a max 8 octaves stale for 16-bit
+    inputs and 0 for FP8 (flash_fwd_sm100.py, `rescale_threshold = 8.0 if q_dtype.width == 16 else 0.0`).
+    The stage checks at trace time that the stock softmax object FA4 built carries this value
+    (`SoftmaxStage.sm90` / `.sm100`), so a change in FA4's rule fails the compile instead of drifting."""
+    return 8.0 if (arch // 10 != 9 and torch.finfo(q_dtype).bits == 16) else 0.0
+
+
+def fa4_max_offset(q_dtype: torch.dtype) -> int:
+    """FA4's FP8 P offset (Note [Low Precision Scaling]): 8 for 8-bit inputs, else 0; checked at trace time
+    against the stock softmax object, as the threshold is."""
+    return 8 if torch.finfo(q_dtype).bits == 8 else 0
 
 
 @dataclass(frozen=True)
@@ -61,9 +129,12 @@ class SoftmaxStage:
     max_offset: int = 0
     anchor_rounding: str = "exact"
     rescale_vote: bool = False
+    q_dtype: Optional[torch.dtype] = None
+    threshold_from_fa4: bool = False  # rescale_threshold was None: FA4's default, checked at trace time
 
-    def for_kernel(self, *, arch: int, q_dtype: torch.dtype, has_qv: bool = False) -> "SoftmaxStage":
-        """Resolve the knobs for `arch` (e.g. 90, 100) and the input dtype; check the P range."""
+    def for_kernel(self, *, arch: int, q_dtype: torch.dtype, features: Optional[dict] = None) -> "SoftmaxStage":
+        """Resolve the knobs for `arch` (e.g. 90, 100) and the input dtype; refuse untested FA4 features
+        (`features`: FA4 argument -> value, Note [Features allowed with a softmax stage]); check the P range."""
         family = arch // 10
         if family not in (9, 10, 11):
             raise ValueError(
@@ -71,22 +142,17 @@ class SoftmaxStage:
                 f"(arch 90, 100, 103, 110); got arch {arch}. Accepted on other GPUs: softmax_mode='exact' "
                 "with rescale_threshold=None and beta=None."
             )
-        if has_qv:
-            raise ValueError(
-                "softmax_mode/rescale_threshold/beta are not supported with qv (the MLA kernels); "
-                "accepted there: softmax_mode='exact', rescale_threshold=None, beta=None"
-            )
+        check_features(self.mode, features or {})
         if family != 9 and (self.anchor_rounding != "exact" or self.rescale_vote):
             raise ValueError(
                 f"anchor_rounding={self.anchor_rounding!r} / rescale_vote={self.rescale_vote} are SM90 (Hopper) "
                 f"levers; got arch {arch}. Accepted there: anchor_rounding='exact', rescale_vote=False"
             )
-        is_fp8 = q_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-        max_offset = 8 if is_fp8 else 0
+        max_offset = fa4_max_offset(q_dtype)
         threshold = self.rescale_threshold
         if threshold is None:
-            threshold = 8.0 if (family != 9 and not is_fp8) else 0.0
-        bound = _LOG2_DTYPE_MAX[q_dtype]
+            threshold = fa4_default_rescale_threshold(arch, q_dtype)
+        bound = _log2_dtype_max(q_dtype)
         if max_offset + threshold + LOG2_ROUND_UP[self.mode] >= bound:
             raise ValueError(
                 f"rescale_threshold={threshold} is too large for {q_dtype} inputs in softmax_mode="
@@ -94,16 +160,46 @@ class SoftmaxStage:
                 f"({LOG2_ROUND_UP[self.mode]:.3f} octaves) must stay below log2 of the P dtype's max "
                 f"({bound:.3f}); accepted: rescale_threshold < {bound - max_offset - LOG2_ROUND_UP[self.mode]:.3f}"
             )
-        return replace(self, rescale_threshold=float(threshold), arch=arch, max_offset=max_offset)
+        return replace(self, rescale_threshold=float(threshold), arch=arch, max_offset=max_offset,
+                       q_dtype=q_dtype, threshold_from_fa4=self.rescale_threshold is None)
+
+    def reference_config(self, *, tile_n: int) -> SoftmaxConfig:
+        """The semantic reference's configuration for this resolved stage: the values the kernel computes
+        with (mode, the resolved threshold, FA4's max_offset, P in the input dtype, the anchor rounding);
+        `tile_n` is the kernel's key-block size (128 for FA4's SM90/SM100 forward at head dim <= 128)."""
+        self._check_resolved()
+        return SoftmaxConfig(mode=self.mode, tile_n=tile_n, rescale_threshold=self.rescale_threshold,
+                             max_offset=self.max_offset, p_dtype=self.q_dtype, beta=self.beta,
+                             anchor_rounding=self.anchor_rounding)
+
+    @property
+    def ldred_row_max_nan(self) -> bool:
+        """SM103's tcgen05.ld.red row max takes `.NaN` in the approximate modes (Note [NaN rows in the
+        approximate modes on SM100], stage/softmax_sm100.py); exact keeps stock's NaN-quiet reduction."""
+        return self.mode in APPROXIMATE_MODES
 
     def _check_resolved(self) -> None:
         assert self.arch is not None, "SoftmaxStage.for_kernel must run before the kernel is traced"
+
+    def _check_stock_defaults(self, softmax) -> None:
+        """FA4's own rule is the source of the defaults: the stock softmax object FA4 built for this kernel
+        must carry the max_offset (and, when the user left it None, the threshold) resolved on the host."""
+        stock_offset = getattr(softmax, "max_offset", 0)
+        assert int(stock_offset) == self.max_offset, (
+            f"FA4 built its softmax with max_offset {stock_offset}; fa4_rowmax resolved {self.max_offset} "
+            "(fa4_max_offset has drifted from FA4's rule)")
+        if self.threshold_from_fa4:
+            stock_threshold = getattr(softmax, "rescale_threshold", 0.0)
+            assert float(stock_threshold) == self.rescale_threshold, (
+                f"FA4 built its softmax with rescale_threshold {stock_threshold}; fa4_rowmax resolved "
+                f"{self.rescale_threshold} (fa4_default_rescale_threshold has drifted from FA4's rule)")
 
     def sm90(self, softmax):
         """The SM90 kernel's `Softmax`, replaced by `RowmaxSoftmaxSm90` with this stage's knobs."""
         from fa4_rowmax.stage.softmax_sm90 import RowmaxSoftmaxSm90
 
         self._check_resolved()
+        self._check_stock_defaults(softmax)
         return RowmaxSoftmaxSm90.from_stock(
             softmax,
             mode=self.mode,
@@ -118,6 +214,7 @@ class SoftmaxStage:
         from fa4_rowmax.stage.softmax_sm100 import RowmaxSoftmaxSm100
 
         self._check_resolved()
+        self._check_stock_defaults(softmax)
         return RowmaxSoftmaxSm100.from_stock(
             softmax, mode=self.mode, beta=self.beta, rescale_threshold=self.rescale_threshold
         )
@@ -141,9 +238,9 @@ def softmax_stage(
     forward-only (FA4's backward recomputes P with exact exp2), so `requires_grad=True` raises.
     """
     if not isinstance(softmax_mode, str):
-        raise TypeError(f"softmax_mode must be a str, one of {FA4_SOFTMAX_MODES}; got {type(softmax_mode).__name__}")
-    if softmax_mode not in FA4_SOFTMAX_MODES:
-        raise ValueError(f"softmax_mode must be one of {FA4_SOFTMAX_MODES}; got {softmax_mode!r}")
+        raise TypeError(f"softmax_mode must be a str, one of {KERNEL_MODES}; got {type(softmax_mode).__name__}")
+    if softmax_mode not in KERNEL_MODES:
+        raise ValueError(f"softmax_mode must be one of {KERNEL_MODES}; got {softmax_mode!r}")
     if rescale_threshold is not None:
         if isinstance(rescale_threshold, bool) or not isinstance(rescale_threshold, (int, float)):
             raise TypeError(

@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 from fa4_rowmax import patched_wheel
 from fa4_rowmax import patching as fa4_patch
-from fa4_rowmax.interface import LOG2_ROUND_UP, SoftmaxStage, softmax_stage  # noqa: E402
+from fa4_rowmax.interface import FEATURE_STOCK_VALUES, LOG2_ROUND_UP, SoftmaxStage, softmax_stage
 
 PATCHED_FILES = ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm90.py", "flash_attn/cute/flash_fwd_sm100.py")
 
@@ -133,8 +133,63 @@ def test_stage_is_hashable_and_resolves_per_arch():
     assert len({sm90, sm100, sm100_fp8}) == 3  # distinct compile-cache keys
     with pytest.raises(ValueError, match="SM90 or SM100"):
         stage.for_kernel(arch=80, q_dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="qv"):
-        stage.for_kernel(arch=100, q_dtype=torch.bfloat16, has_qv=True)
+    with pytest.raises(ValueError, match="qv is not supported"):
+        stage.for_kernel(arch=100, q_dtype=torch.bfloat16, features={"qv": torch.zeros(1)})
+
+
+# Every FA4 feature a softmax stage refuses (Note [Features allowed with a softmax stage]), with a non-stock value.
+_NON_STOCK = {
+    "qv": torch.zeros(1), "cu_seqlens_q": torch.zeros(2, dtype=torch.int32),
+    "cu_seqlens_k": torch.zeros(2, dtype=torch.int32), "seqused_q": torch.zeros(1, dtype=torch.int32),
+    "seqused_k": torch.zeros(1, dtype=torch.int32), "page_table": torch.zeros(1, 1, dtype=torch.int32),
+    "softcap": 30.0, "window_size_left": 128, "window_size_right": 0, "learnable_sink": torch.zeros(4),
+    "num_splits": 2, "score_mod": lambda *a: a[0], "mask_mod": lambda *a: True, "block_sparse_tensors": object(),
+    "aux_tensors": [torch.zeros(1)], "q_descale": torch.ones(1, 1), "k_descale": torch.ones(1, 1),
+    "v_descale": torch.ones(1, 1), "gather_kv_indices": torch.zeros(1, dtype=torch.int32),
+    "scheduler_metadata": object(), "seqlen_k_per_split": 128,
+}
+
+
+def test_every_refused_feature_is_listed():
+    assert set(_NON_STOCK) == set(FEATURE_STOCK_VALUES)
+
+
+@pytest.mark.parametrize("name", sorted(_NON_STOCK))
+@pytest.mark.parametrize("mode, threshold", [("rowmax_h15", None), ("rowmax_pot", None), ("exact", 4.0)])
+def test_untested_features_are_refused(name, mode, threshold):
+    stage = softmax_stage(mode, threshold)
+    with pytest.raises(ValueError, match=rf"^{name} is not supported with softmax_mode='{mode}'.*accepted"):
+        stage.for_kernel(arch=90, q_dtype=torch.bfloat16, features={name: _NON_STOCK[name]})
+    # the stock value passes, for every feature at once
+    stage.for_kernel(arch=90, q_dtype=torch.bfloat16, features=dict(FEATURE_STOCK_VALUES))
+
+
+def test_unknown_feature_names_are_a_programming_error():
+    with pytest.raises(TypeError, match="unknown FA4 features"):
+        softmax_stage("rowmax_h15").for_kernel(arch=90, q_dtype=torch.bfloat16, features={"dropout_p": 0.1})
+
+
+@pytest.mark.parametrize("arch", [90, 100, 103])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("mode, threshold", [("rowmax_h15", None), ("rowmax_pot", 0.25), ("exact", None)])
+def test_reference_config_is_derived_from_the_resolved_stage(arch, dtype, mode, threshold):
+    from fa4_rowmax.interface import fa4_default_rescale_threshold, fa4_max_offset
+
+    stage = SoftmaxStage(mode, rescale_threshold=threshold).for_kernel(arch=arch, q_dtype=dtype)
+    config = stage.reference_config(tile_n=128)
+    expected_threshold = fa4_default_rescale_threshold(arch, dtype) if threshold is None else threshold
+    assert (config.mode, config.rescale_threshold, config.max_offset, config.p_dtype, config.tile_n) == (
+        mode, expected_threshold, fa4_max_offset(dtype), dtype, 128)
+    with pytest.raises(AssertionError, match="for_kernel must run"):
+        SoftmaxStage(mode).reference_config(tile_n=128)
+
+
+def test_fa4_defaults_match_the_rule_in_the_pinned_wheel():
+    """The host mirrors FA4's threshold and max_offset rules; the kernel asserts them at trace time
+    (SoftmaxStage._check_stock_defaults). Here the rules are read from the pinned wheel's source."""
+    source = (Path(fa4_patch.default_site()) / "flash_attn/cute/flash_fwd_sm100.py").read_text()
+    assert "rescale_threshold = 8.0 if const_expr(self.q_dtype.width == 16) else 0.0" in source
+    assert "max_offset = 8 if cutlass.const_expr(self.q_dtype.width == 8) else 0" in source
 
 
 def test_fp8_range_rule_leaves_room_for_the_round_up():

@@ -1,0 +1,176 @@
+"""How far an FA4 kernel may sit from the semantic reference, per row, derived from the inputs (the home of every
+FA4 kernel-vs-reference tolerance; `aiter_fused/tolerances.py` is the Fused-Softmax kernel's).
+
+Note [Kernel vs reference: lattice flips]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The kernel and the reference compute the same function of the same inputs; they differ only in rounding:
+the score GEMM sums in another order, and the kernel's one FFMA `y = s * scale_log2 + bias` is a
+multiply-then-add in the reference. In exact mode that moves every weight by a factor 2^(+-delta) with delta
+the error of y. Rowmax-H15 and -PoT are step functions of y, so an element whose y lies within delta of a
+step (H15: y = 0.25 mod 0.5; PoT: y = 0.5 mod 1) may take the neighbouring weight in one and not the other:
+a *flip*. Adjacent weights differ by a factor r at most (H15 1.5; PoT 2), so a flip of element j moves the
+row sum by at most (r - 1) p_j and the output by at most (r - 1) p_j |v_j - O| / L <= (r - 1) (p_j / L) 2 max|v|.
+The approximate weight over the exact one lies in [2^-down, 2^up] (H15 up = log2(1.5) - 0.25, down = 0.25;
+PoT 0.5 and 0.5), so p_j / L <= 2^(up + down) pi_j with pi the exact softmax (fp64). Hence, per row,
+    |O_kernel - O_ref|_inf <= (r - 1) 2^(up+down) (sum of pi_j over fragile j) 2 max|v|     (flips)
+                              + ln2 delta 2 max|v|                                       (smooth drift; exact)
+                              + gamma_n max|v| + 2 ulp_out(max|O_ref|)                  (PV sums, rounding)
+and |LSE_kernel - LSE_ref| <= (r - 1) 2^(up+down) sum_fragile pi_j + ln2 delta + 4 ulp32(|LSE|).
+delta per row is 2 scale_log2 gamma_D max_j sum_i |q_i k_ij| (the GEMM error of the score and of the row
+max the anchor sits on) plus 8 fp32 ulps of the largest |y| terms (the FFMA against mul + add), with
+gamma_D = D u / (1 - D u), u = 2^-24.
+
+A row whose running max meets `rescale_threshold` within delta (keep the stale max or move it), or, with the
+SM90 fold's half-octave anchor, lies within delta of a quarter octave (round the anchor up or down), may take a
+different anchor in the two: its weights then sit on two lattices that both approximate the exact softmax, so
+its output differs by at most 2 max|v| (2^(up+down) - 1) and its LSE by ln2 (up + down). These rows are
+counted (`decision_rows`) so a test can require them to be rare.
+The bounds are capped: no row may exceed 2 max|v| (output) or ln2 (up + down) (LSE), whatever its flips.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fa4_rowmax.config import SoftmaxConfig
+
+UNIT_ROUNDOFF_FP32 = 2.0**-24
+# (step ratio r, log2 up, log2 down) of each lattice mode: Note [Kernel vs reference: lattice flips].
+LATTICE = {
+    "rowmax_h15": (1.5, math.log2(1.5) - 0.25, 0.25),
+    "rowmax_pot": (2.0, 0.5, 0.5),
+}
+# Where a lattice steps, in y: y = offset (mod period).
+STEPS = {"rowmax_h15": (0.5, 0.25), "rowmax_pot": (1.0, 0.5)}
+
+
+@dataclass
+class KernelBounds:
+    out: torch.Tensor  # (batch, seqlen_q, heads_q, 1): per-row bound on |out_kernel - out_ref|
+    lse: torch.Tensor  # (batch, heads_q, seqlen_q): per-row bound on |lse_kernel - lse_ref|
+    fragile_elements: int  # elements within delta of a lattice step
+    decision_rows: int  # rows whose keep-or-move decision met the threshold within delta
+
+
+def _gamma(n: int) -> float:
+    return n * UNIT_ROUNDOFF_FP32 / (1 - n * UNIT_ROUNDOFF_FP32)
+
+
+def kernel_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: SoftmaxConfig, *, causal: bool,
+                  softmax_scale: float | None = None, out_dtype: torch.dtype | None = None) -> KernelBounds:
+    """Per-row bounds on how far a kernel computing `config` may be from `attention_reference(..., config)`.
+
+    Dense FA4 layout: q (B, Lq, Hq, D), k/v (B, Lk, Hk, D), causal bottom-right. `out_dtype` is the output's
+    dtype (default q's), whose rounding both sides pay. Only the FA4 modes (exact, rowmax_h15, rowmax_pot)
+    with the tile anchor; other modes raise ValueError."""
+    if config.mode not in ("exact", *LATTICE) or config.anchor != "tile":
+        raise ValueError(f"kernel_bounds covers modes exact/rowmax_h15/rowmax_pot with anchor='tile'; got "
+                         f"{config.mode!r}, {config.anchor!r}")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_k
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    scale_log2 = scale * math.log2(math.e)
+    qf = q.double().transpose(1, 2)  # (B, Hq, Lq, D)
+    kf = k.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    x = (qf @ kf.transpose(-1, -2)) * scale_log2  # (B, Hq, Lq, Lk), log2 units
+    abs_dot = qf.abs() @ kf.abs().transpose(-1, -2)
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if causal:
+        visible = torch.tril(visible, diagonal=seqlen_k - seqlen_q)
+    x = x.masked_fill(~visible, -math.inf)
+    has_key = visible.any(-1)  # (Lq,)
+
+    # The anchor of each key's tile: the running max FA4 keeps, tiles in descending order.
+    tile_n = config.tile_n
+    n_tiles = -(-seqlen_k // tile_n)
+    anchor = torch.full_like(x, -math.inf)
+    running = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    decision_gap = torch.full_like(running, math.inf)
+    for t in range(n_tiles - 1, -1, -1):
+        cols = slice(t * tile_n, min((t + 1) * tile_n, seqlen_k))
+        tile_max = x[..., cols].amax(-1)
+        candidate = torch.maximum(running, tile_max)
+        step = running - candidate  # <= 0: log2 factor of the O rescale
+        if config.rescale_threshold > 0:
+            keep = step >= -config.rescale_threshold
+            seen = torch.isfinite(running) & torch.isfinite(candidate)
+            decision_gap = torch.where(seen, torch.minimum(decision_gap, (step + config.rescale_threshold).abs()),
+                                       decision_gap)
+            running = torch.where(keep & torch.isfinite(running), running, candidate)
+        else:
+            running = candidate
+        if config.anchor_rounding == "half_octave":
+            # The SM90 fold anchors on the half octave nearest the max: a max within delta of a quarter
+            # octave may round the other way (a decision, like the threshold's).
+            twice = running * 2 - 0.5
+            gap = (twice - torch.round(twice)).abs() / 2
+            decision_gap = torch.where(torch.isfinite(running), torch.minimum(decision_gap, gap), decision_gap)
+            anchor[..., cols] = (torch.round(running * 2) / 2)[..., None]
+        else:
+            anchor[..., cols] = running[..., None]
+
+    y = x - anchor + config.max_offset
+    finite_anchor = torch.isfinite(anchor)
+    magnitude = (x.abs() + anchor.abs()).where(finite_anchor & torch.isfinite(x), 0.0).amax(-1)
+    delta = (2 * scale_log2 * _gamma(head_dim) * abs_dot.where(visible, 0.0).amax(-1)
+             + 8 * UNIT_ROUNDOFF_FP32 * magnitude)  # (B, Hq, Lq)
+
+    pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)  # exact, fp64; 0 on rows with no key
+    v_max = vf.abs().amax(dim=(-1, -2))[..., None]  # (B, Hq, 1)
+    o_ref = pi @ vf
+    out_ulp = torch.finfo(out_dtype or q.dtype).eps if (out_dtype or q.dtype).is_floating_point else 0.0
+    rounding = _gamma(seqlen_k) * v_max + 2 * out_ulp * o_ref.abs().amax(-1)
+
+    if config.mode == "exact":
+        out_bound = math.log(2.0) * delta * 2 * v_max + rounding
+        lse_bound = math.log(2.0) * delta
+        fragile_count = 0
+        envelope = 0.0
+    else:
+        ratio, up, down = LATTICE[config.mode]
+        period, offset = STEPS[config.mode]
+        distance = ((y - offset) / period - torch.round((y - offset) / period)).abs() * period
+        fragile = (distance < delta[..., None]) & torch.isfinite(y)
+        fragile_mass = (pi * fragile).sum(-1)
+        envelope = up + down
+        out_bound = (ratio - 1) * 2**envelope * fragile_mass * 2 * v_max + math.log(2.0) * delta * 2 * v_max + rounding
+        lse_bound = (ratio - 1) * 2**envelope * fragile_mass + math.log(2.0) * delta
+        fragile_count = int(fragile.sum())
+    lse_ref = torch.logsumexp(x * math.log(2.0), dim=-1)
+    lse_bound = lse_bound + 4 * UNIT_ROUNDOFF_FP32 * lse_ref.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+    decision = decision_gap < delta
+    if config.mode != "exact" or config.rescale_threshold > 0 or config.anchor_rounding != "exact":
+        cap_out = 2 * v_max * (2**max(envelope, 0.0) - 1 if envelope else 1.0)
+        out_bound = torch.where(decision, torch.maximum(out_bound, cap_out), out_bound)
+        lse_bound = torch.where(decision, torch.maximum(lse_bound, torch.full_like(lse_bound, math.log(2.0) * envelope)),
+                                lse_bound)
+    out_bound = torch.minimum(out_bound, 2 * v_max)
+    if envelope:
+        lse_bound = torch.minimum(lse_bound, torch.full_like(lse_bound, math.log(2.0) * envelope))
+    out_bound = out_bound.where(has_key, 0.0)
+    lse_bound = lse_bound.where(has_key, 0.0)
+    return KernelBounds(out=out_bound.transpose(1, 2)[..., None].float(), lse=lse_bound.float(),
+                        fragile_elements=fragile_count, decision_rows=int(decision.sum()))
+
+
+def assert_within_bounds(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,
+                         bounds: KernelBounds) -> None:
+    """The kernel's output and LSE within `bounds` of the reference's in every row; rows with no key give -inf
+    LSE in both; nothing NaN where the reference is finite."""
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "rows with no key differ"
+    assert not torch.isnan(lse[finite]).any() and torch.isfinite(out[torch.isfinite(ref_out)]).all()
+    lse_err = (lse[finite].float() - ref_lse[finite].float()).abs()
+    worst = int(torch.argmax(lse_err - bounds.lse.to(lse.device)[finite])) if lse_err.numel() else 0
+    assert (lse_err <= bounds.lse.to(lse.device)[finite]).all(), (
+        f"LSE off by {float(lse_err[worst]):.3g} where the bound is {float(bounds.lse.to(lse.device)[finite][worst]):.3g}")
+    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    excess = out_err - bounds.out.to(out.device)
+    assert (excess <= 0).all(), (
+        f"output off by up to {float(out_err.max()):.3g}; the worst row exceeds its bound by {float(excess.max()):.3g}")
