@@ -58,32 +58,36 @@ class ModeSpec:
         return SoftmaxConfig(**fields)
 
 
+def _fa4_mode(name: str, description: str, softmax_mode: str, reference_fields: dict | None = None,
+              **knobs) -> ModeSpec:
+    """A mode FA4's kernel runs: the reference config and the kernel's arguments come from one set of knobs
+    (`softmax_mode` plus `rescale_threshold` / `anchor_rounding`), so the two cannot disagree."""
+    config_fields = {"mode": softmax_mode, "anchor": "tile", **knobs, **(reference_fields or {})}
+    kernel_kwargs = {} if softmax_mode == "exact" and not knobs else {"softmax_mode": softmax_mode, **knobs}
+    return ModeSpec(name, description, config_fields, "fa4", kernel_kwargs)
+
+
 def _mode_table() -> dict[str, ModeSpec]:
     specs = [
         ModeSpec("exact_ref", "exact softmax through the reference, P in fp32 (should match sdpa to rounding)",
                  {"mode": "exact"}, None),
-        ModeSpec("exact_bf16p", "exact softmax with P rounded to bf16 before P@V (the floor every kernel pays)",
-                 {"mode": "exact", "p_dtype": torch.bfloat16}, "fa4"),
-        ModeSpec("rowmax_pot", "Rowmax-PoT, K_max 20, per-tile running max, rescale threshold 0",
-                 {"mode": "rowmax_pot", "rescale_threshold": 0.0, "anchor": "tile"}, "fa4",
-                 {"softmax_mode": "rowmax_pot", "rescale_threshold": 0.0}),
-        ModeSpec("rowmax_h15_t0", "Rowmax-H15, per-tile running max, rescale threshold 0",
-                 {"mode": "rowmax_h15", "rescale_threshold": 0.0, "anchor": "tile"}, "fa4",
-                 {"softmax_mode": "rowmax_h15", "rescale_threshold": 0.0}),
-        ModeSpec("rowmax_h15_t8", "Rowmax-H15, per-tile running max, rescale threshold 8 (FA4's 16-bit setting)",
-                 {"mode": "rowmax_h15", "rescale_threshold": 8.0, "anchor": "tile"}, "fa4",
-                 {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0}),
+        _fa4_mode("exact_bf16p", "exact softmax with P rounded to bf16 before P@V (the floor every kernel pays)",
+                  "exact", reference_fields={"p_dtype": torch.bfloat16}),
+        _fa4_mode("rowmax_pot", "Rowmax-PoT, K_max 20, per-tile running max, rescale threshold 0", "rowmax_pot",
+                  rescale_threshold=0.0),
+        _fa4_mode("rowmax_h15_t0", "Rowmax-H15, per-tile running max, rescale threshold 0", "rowmax_h15",
+                  rescale_threshold=0.0),
+        _fa4_mode("rowmax_h15_t8", "Rowmax-H15, per-tile running max, rescale threshold 8 (FA4's 16-bit setting)",
+                  "rowmax_h15", rescale_threshold=8.0),
         ModeSpec("rowmax_h15_row", "Rowmax-H15 anchored at the whole-row max (the control)",
                  {"mode": "rowmax_h15", "anchor": "row"}, None),
     ]
     # Hopper's fold lever (docs/fa4_notes.md, Lever 1): the lattice anchored at the half octave nearest to the
     # max; its kernel is SM90 only (`interface.rowmax_attn_func` raises elsewhere).
     specs += [
-        ModeSpec(f"rowmax_h15_fold_t{t}",
-                 f"Rowmax-H15, half-octave anchor (SM90 fold), per-tile running max, rescale threshold {t}",
-                 {"mode": "rowmax_h15", "rescale_threshold": float(t), "anchor": "tile",
-                  "anchor_rounding": "half_octave"}, "fa4",
-                 {"softmax_mode": "rowmax_h15", "rescale_threshold": float(t), "anchor_rounding": "half_octave"})
+        _fa4_mode(f"rowmax_h15_fold_t{t}",
+                  f"Rowmax-H15, half-octave anchor (SM90 fold), per-tile running max, rescale threshold {t}",
+                  "rowmax_h15", rescale_threshold=float(t), anchor_rounding="half_octave")
         for t in (0, 8)
     ]
     specs += [

@@ -208,3 +208,26 @@ def test_kernel_matches_reference_in_a_model(mode):
     kernel = logits(model, hf.attention_name(mode, "kernel"), ids)
     assert state.tally.snapshot()["calls"] > 0
     torch.testing.assert_close(kernel, simulated, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("arch", [90, 100])
+def test_fa4_kernel_modes_run_what_their_reference_computes(arch):
+    """Each FA4 mode's kernel arguments, resolved as the kernel resolves them, derive the mode's reference config
+    (p_dtype aside: the reference's P rounding is a reference-only field)."""
+    from fa4_rowmax.interface import SoftmaxStage, softmax_stage
+
+    fa4_modes = {n: s for n, s in hf.MODES.items() if s.kernel == "fa4"}
+    assert {"exact_bf16p", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8"} <= set(fa4_modes)
+    for name, spec in fa4_modes.items():
+        if "anchor_rounding" in spec.kernel_kwargs and arch != 90:
+            continue  # the fold is an SM90 lever
+        kwargs = dict(spec.kernel_kwargs)
+        stage = softmax_stage(kwargs.pop("softmax_mode", "exact"), kwargs.pop("rescale_threshold", None),
+                              anchor_rounding=kwargs.pop("anchor_rounding", "exact")) or SoftmaxStage()
+        assert not kwargs, (name, kwargs)
+        derived = stage.for_kernel(arch=arch, q_dtype=torch.bfloat16).reference_config(tile_n=128)
+        config = spec.config(0, 1)
+        for field in ("mode", "rescale_threshold", "anchor_rounding", "max_offset"):
+            if field == "rescale_threshold" and "rescale_threshold" not in spec.kernel_kwargs:
+                continue  # stock exact: the architecture's own threshold
+            assert getattr(derived, field) == getattr(config, field), (name, field)
