@@ -44,7 +44,33 @@ factor is `exp2(a_old - a_new)` and the LSE uses `a`.
 With `anchor="row"` a first pass finds each row's max over all its keys and every tile uses
 it (no rescale ever): the control that separates the lattice anchor from the tile schedule.
 P is rounded to `p_dtype` (FP8 saturating, as `cvt.rn.satfinite` does) only for P@V; the
-row sum adds the float P before that rounding.
+row sum adds the float P before that rounding (FA4's order), except for `rowmax_h15` with an FP8
+`p_dtype` (Note [H15 with FP8 P]).
+
+Note [H15 with FP8 P]
+~~~~~~~~~~~~~~~~~~~~~
+An FP8 Rowmax-H15 kernel builds P's bytes from the half-octave index with integer ops
+(`exp_approx`, Note [H15 weights as e4m3 bytes]); no float P exists. The reference defines exactly
+that: P = H(y) where H(y) is at least the P dtype's smallest normal (e4m3: 2^-6, which with FA4's
+max_offset 8 is 2^-14 of the max; e5m2: 2^-14), and P = 0 below it, where the byte formula stops being
+the weight (the subnormal codes are not clamped to on purpose). Every kept H is exact in the FP8
+dtype (one mantissa bit), so rounding to `p_dtype` changes nothing below its max, and the row sum adds
+this same P, the one that enters P@V. What the flush costs: each flushed weight is below 2^-6 and the
+row's top weight is at least 2^max_offset, so with max_offset 8 the row sum and every output
+component move by at most L * 2^-14 of the top weight (times max |v|) for a row of L keys.
+
+Note [FP8 inputs and descales]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+FP8 q, k, v (e4m3fn, e5m2) are dequantized exactly (every FP8 value is an fp32 value) and the scores are
+the raw products of those values, as an FP8 kernel's QK^T GEMM gives them. The optional descales,
+float32 of shape (batch, heads_k) as FA4 takes them, fold in as FA4's SM100 FP8 path does
+(`_load_effective_descales`, flash_fwd_sm100.py): `q_descale * k_descale` multiplies `scale_log2` per
+(batch, kv head) (fp32: scale_log2_eff = fl(fl(softmax_scale * log2 e) * fl(q_descale * k_descale))),
+so the running max, the weights and the LSE are those of the dequantized scores; `v_descale` multiplies
+the normalised output. FP8 inputs give a BF16 output (FA4's FP8 output dtype); `p_dtype=None` means P
+in the input's FP8 dtype, and `max_offset` is the caller's (FA4 uses 8 for FP8 inputs:
+`config.FP8_MAX_OFFSET`). FP8 inputs apply to the modes that model FA4 (`exact`, `rowmax_pot`,
+`rowmax_h15`).
 
 Note [BAPS]
 ~~~~~~~~~~~
@@ -80,9 +106,13 @@ from fa4_rowmax.reference.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
 from fa4_rowmax.reference.hif8 import round_to_hif8
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
-INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-COMPUTE_DTYPES = (torch.float32, torch.float64)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64) + _FP8_DTYPES
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+# Note [FP8 inputs and descales]
+FP8_INPUT_MODES = ("exact", "rowmax_pot", "rowmax_h15")
+FP8_OUTPUT_DTYPE = torch.bfloat16
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 _LN2 = math.log(2.0)
 _LOG2_E = math.log2(math.e)
 
@@ -99,7 +129,8 @@ class _Problem:
     seqlen_q_t: torch.Tensor  # (batch,) int64 on the device
     seqlen_k_t: torch.Tensor
     causal: bool
-    scale_log2: float
+    # A float, or (batch, heads_k, 1, 1) in the compute dtype when descales fold in (Note [FP8 inputs and descales]).
+    scale_log2: "float | torch.Tensor"
 
     @property
     def shape(self):
@@ -145,7 +176,30 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.dev
     return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config):
+def _check_descales(descales: dict, q: torch.Tensor, batch: int, heads_k: int) -> None:
+    given = [name for name, d in descales.items() if d is not None]
+    if not given:
+        return
+    if q.dtype not in _FP8_DTYPES:
+        raise ValueError(
+            f"{', '.join(given)} apply to FP8 inputs only (q/k/v dtype one of {_FP8_DTYPES}), got q of dtype "
+            f"{q.dtype}; accepted for other inputs: None"
+        )
+    for name in given:
+        d = descales[name]
+        if not isinstance(d, torch.Tensor):
+            raise TypeError(f"{name} must be None or a float32 torch.Tensor of shape (batch, heads_k), got {type(d).__name__}")
+        if d.dtype != torch.float32:
+            raise TypeError(f"{name} must have dtype torch.float32 (as FA4 takes it), got {d.dtype}")
+        if tuple(d.shape) != (batch, heads_k):
+            raise ValueError(f"{name} must have shape (batch, heads_k) = {(batch, heads_k)}, got {tuple(d.shape)}")
+        if d.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {d.device}")
+        if not bool((torch.isfinite(d) & (d > 0)).all()):
+            raise ValueError(f"{name} must hold finite positive scale factors, got min {d.min().item()}, max {d.max().item()}")
+
+
+def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config, descales):
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, x)
     if not (q.device == k.device == v.device):
@@ -172,8 +226,15 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, co
     heads_q, heads_k = q.shape[-2], k.shape[-2]
     if heads_k == 0 or heads_q % heads_k:
         raise ValueError(f"q's heads ({heads_q}) must be a positive multiple of k's heads ({heads_k}) (GQA)")
+    if q.dtype in _FP8_DTYPES and config.mode not in FP8_INPUT_MODES:
+        raise ValueError(
+            f"FP8 q/k/v ({q.dtype}) apply to modes {FP8_INPUT_MODES}, not mode={config.mode!r}; "
+            "accepted inputs there: float16, bfloat16, float32, float64"
+        )
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not bool(torch.isfinite(x).all()):
+        # FP8 has no isfinite kernel everywhere; the upcast is exact (e4m3fn's NaN stays NaN).
+        values = x.float() if x.dtype in _FP8_DTYPES else x
+        if not bool(torch.isfinite(values).all()):
             raise ValueError(f"{name} holds NaN or Inf; the reference accepts finite inputs only")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -192,8 +253,10 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, co
                 f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
                 f"got {len(seqlen_q) + 1} and {len(seqlen_k) + 1}"
             )
-        return seqlen_q, seqlen_k
-    return [q.shape[1]] * q.shape[0], [k.shape[1]] * k.shape[0]
+    else:
+        seqlen_q, seqlen_k = [q.shape[1]] * q.shape[0], [k.shape[1]] * k.shape[0]
+    _check_descales(descales, q, len(seqlen_q), heads_k)
+    return seqlen_q, seqlen_k
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,7 +281,29 @@ def _token_positions(cu_seqlens: torch.Tensor, total: int):
     return sequence, token - starts[sequence]
 
 
-def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple) -> _Problem:
+def _scale_log2(softmax_scale, head_dim, q_descale, k_descale, compute_dtype):
+    """scale_log2, with the QK descales folded in per (batch, kv head) as FA4 does (Note [FP8 inputs and descales])."""
+    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale_log2 = scale * _LOG2_E
+    if q_descale is None and k_descale is None:
+        return scale_log2
+    reference = q_descale if q_descale is not None else k_descale
+    qk_descale = torch.ones_like(reference)
+    for descale in (q_descale, k_descale):
+        if descale is not None:
+            qk_descale = qk_descale * descale
+    # FA4: fp32 softmax_scale_log2 times the fp32 qk_descale; the fp64 control keeps full precision.
+    base = torch.tensor(scale_log2, dtype=compute_dtype, device=reference.device)
+    return (base * qk_descale.to(compute_dtype))[:, :, None, None]
+
+
+def _score_scale(scale_log2):
+    """scale_log2 shaped for scores (batch, heads_k, group, rows, keys)."""
+    return scale_log2[..., None] if isinstance(scale_log2, torch.Tensor) else scale_log2
+
+
+def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple,
+          q_descale=None, k_descale=None) -> _Problem:
     """Dense (batch, seqlen, heads, dim) inputs -> the tile loop's layout, rows padded to `row_multiple`."""
     batch, rows, heads_q, head_dim = q.shape
     heads_k = k.shape[2]
@@ -227,7 +312,6 @@ def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row
     q5 = q.to(compute_dtype).reshape(batch, rows, heads_k, group, head_dim).permute(0, 2, 3, 1, 4)
     if padded_rows != rows:
         q5 = torch.nn.functional.pad(q5, (0, 0, 0, padded_rows - rows))
-    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
     device = q.device
     return _Problem(
         q=q5.contiguous(),
@@ -238,7 +322,7 @@ def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row
         seqlen_q_t=torch.tensor(seqlen_q, dtype=torch.int64, device=device),
         seqlen_k_t=torch.tensor(seqlen_k, dtype=torch.int64, device=device),
         causal=causal,
-        scale_log2=scale * _LOG2_E,
+        scale_log2=_scale_log2(softmax_scale, head_dim, q_descale, k_descale, compute_dtype),
     )
 
 
@@ -304,6 +388,12 @@ def _round_p(p: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
     return p.to(p_dtype).to(p.dtype)
 
 
+def _h15_fp8_operand(p: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
+    """H15 weights as an FP8 kernel builds them: 0 below the dtype's smallest normal (Note [H15 with FP8 P])."""
+    p = p.masked_fill(p < torch.finfo(p_dtype).tiny, 0.0)
+    return _round_p(p, p_dtype)
+
+
 def _rows_with_keys(tile: _Tile, heads_q: int, scores: torch.Tensor):
     """Number of (row, head) pairs that have at least one key in the tile."""
     if tile.valid is None:
@@ -362,6 +452,7 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
     acc = problem.q.new_zeros(*problem.shape, problem.v.shape[-1])
     scale_log2 = problem.scale_log2
     threshold = config.rescale_threshold
+    h15_fp8 = config.mode == "rowmax_h15" and p_dtype in _FP8_DTYPES
     counters = _new_counters(problem.q.device)
     for tile in _tiles(problem, config.tile_n, descending=True):
         s = _scores(problem, tile)
@@ -392,13 +483,17 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
                 counters["rescales_skipped"] += (moved & keep).sum()
             m_old.copy_(m_new)
         bias = config.max_offset - _anchor(m_safe, scale_log2, config)
-        p = _fa4_weights(s.mul_(scale_log2).add_(bias[..., None]), tile, config)
-        sums = row_sum[:, :, :, tile.row_start :]
-        sums.mul_(acc_scale).add_(p.sum(-1))
+        p = _fa4_weights(s.mul_(_score_scale(scale_log2)).add_(bias[..., None]), tile, config)
         if counting:
             counters["tiles"] += _rows_with_keys(tile, heads_q, s)
             counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
-        _accumulate_pv(problem, tile, _round_p(p, p_dtype), acc, acc_scale)
+        if h15_fp8:
+            p = p_operand = _h15_fp8_operand(p, p_dtype)
+        else:
+            p_operand = _round_p(p, p_dtype)
+        sums = row_sum[:, :, :, tile.row_start :]
+        sums.mul_(acc_scale).add_(p.sum(-1))
+        _accumulate_pv(problem, tile, p_operand, acc, acc_scale)
     lse_base_log2 = _anchor(row_max, scale_log2, config) - config.max_offset
     return acc, row_sum, lse_base_log2, counters
 
@@ -533,6 +628,9 @@ def attention_reference(
     cu_seqlens_k: Optional[torch.Tensor] = None,
     compute_dtype: torch.dtype = torch.float32,
     return_counters: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ):
     """Attention with the softmax of `config.mode`, as the kernels compute it tile by tile.
 
@@ -544,7 +642,11 @@ def attention_reference(
     rounded to `config.p_dtype` (default: q's dtype, float32 for float32/float64 inputs)
     before P@V.
 
-    Returns `(out, lse)`: out in q's shape and dtype, lse float32 natural log, (batch,
+    FP8 q/k/v (float8_e4m3fn, float8_e5m2; modes exact, rowmax_pot, rowmax_h15) are dequantized
+    exactly, with optional float32 descales of shape (batch, heads_k) folded in as FA4 does
+    (Note [FP8 inputs and descales]); their output is BF16.
+
+    Returns `(out, lse)`: out in q's shape and dtype (BF16 for FP8 inputs), lse float32 natural log, (batch,
     heads_q, seqlen_q) (varlen: (heads_q, total_q)); a row with no key gives out 0 and lse
     -inf. With `return_counters=True` also a dict of Python numbers: `tiles` ((row, head, KV
     tile) triples with a key), `rescales`, `rescales_skipped` (FA4 max moved / kept stale),
@@ -557,14 +659,18 @@ def attention_reference(
         raise TypeError(f"config must be a SoftmaxConfig or None, got {type(config).__name__}")
     if not isinstance(return_counters, bool):
         raise TypeError(f"return_counters must be a bool, got {type(return_counters).__name__}")
+    descales = dict(zip(DESCALE_NAMES, (q_descale, k_descale, v_descale)))
     seqlen_q, seqlen_k = _check_inputs(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config, descales
     )
+    fp8_inputs = q.dtype in _FP8_DTYPES
     varlen = cu_seqlens_q is not None
     p_dtype = config.p_dtype
     if p_dtype is None:
         p_dtype = torch.float32 if q.dtype in (torch.float32, torch.float64) else q.dtype
     dense_q, dense_k, dense_v = q, k, v
+    if fp8_inputs:  # exact upcast before any padding or layout change (FP8 lacks some of those kernels)
+        dense_q, dense_k, dense_v = q.float(), k.float(), v.float()
     if config.mode == "fused_softmax":
         dense_q, dense_k, dense_v = fused_softmax.quantize_operands(q, k, v, config.mx_format, cu_seqlens_k)
     if varlen:
@@ -572,13 +678,16 @@ def attention_reference(
         dense_k = _to_padded(dense_k, cu_seqlens_k, seqlen_k)
         dense_v = _to_padded(dense_v, cu_seqlens_k, seqlen_k)
     row_multiple = config.tile_m if config.mode == "baps" else 1
-    problem = _pack(dense_q, dense_k, dense_v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple)
+    problem = _pack(dense_q, dense_k, dense_v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple,
+                    q_descale, k_descale)
     acc, row_sum, lse_base_log2, counters = _RUNNERS[config.mode](problem, config, p_dtype, return_counters)
 
     # A row with no key (or, defensively, a zero or NaN sum) gives out 0 and lse -inf, as FA4 does.
     empty = ~(row_sum > 0)
     safe_sum = torch.where(empty, 1.0, row_sum)
     out5 = torch.where(empty[..., None], 0.0, acc / safe_sum[..., None])
+    if v_descale is not None:
+        out5 = out5 * v_descale.to(out5.dtype)[:, :, None, None, None]
     lse = torch.where(empty, -math.inf, (lse_base_log2 + torch.log2(safe_sum)) * _LN2)
 
     batch, heads_k, group, rows = problem.shape
@@ -589,7 +698,7 @@ def attention_reference(
         sequence, position = _token_positions(cu_seqlens_q, q.shape[0])
         out = out[sequence, position]
         lse = lse[sequence, :, position].transpose(0, 1)
-    out = out.to(q.dtype).contiguous()
+    out = out.to(FP8_OUTPUT_DTYPE if fp8_inputs else q.dtype).contiguous()
     lse = lse.contiguous()
     if not return_counters:
         return out, lse

@@ -28,9 +28,28 @@ out as exactly 0 with no separate select. The upper clamp at 128 makes x >= 127.
 +inf (n = 256 encodes inf) instead of a NaN pattern. `h15` (the closed form) is defined
 with the same underflow so that the two are bit-identical everywhere; weights below
 2^-126 of the max are far below any P dtype's resolution.
+
+Note [H15 weights as e4m3 bytes]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+An FP8 kernel holds P in e4m3 and scales it by 2^max_offset, FA4's max_offset = 8 for FP8 inputs
+(flash_fwd_sm100.py, Note [Low Precision Scaling]). Let n = round_half_even(2 (x - m)) be the half-octave
+index of an element relative to the max in use (n <= 0, up to 1 under a stale max). The weight with the
+offset is H = 2^k (1 + b/2) with 2k + b = n + 2 * 8, b in {0, 1}. A normal e4m3 number
+2^k (1 + M/8) is the byte 8 (k + 7) + M; here M = 4b, so
+    byte = 8k + 56 + 4b = 4 (2k + b) + 56 = 4 (n + 16) + 56 = 4n + 8 * (7 + 8),
+linear in n, with no convert. e4m3 is normal for k >= -6 (2^-6), i.e. n >= -28: weights down to 2^-14
+of the row max (2^8). At the top, n = 1 gives byte 124 (384); n >= 2 would give 128 and up, negative
+codes, which FA4's range rule excludes (max_offset + rescale_threshold + H15's round-up log2(1.5) - 1/4
+< log2(448)). Below n = -28 the formula gives codes 0..7, e4m3's subnormals m * 2^-9, which are not the
+weights there (n = -29: code 4 = 2^-7, but H = 1.5 * 2^-7 = code 6), so the kernel clamps them to byte 0:
+P = 0 below 2^-14 of the max. That flush is part of the method's definition (the semantic reference does
+the same, attention.py Note [H15 with FP8 P]); each flushed weight is below 2^-6 while the row's largest
+is at least 2^8, so a row of L keys loses at most L * 2^-14 of its top weight's mass.
 """
 
 import torch
+
+from fa4_rowmax.config import FP8_MAX_OFFSET
 
 H15_CLAMP_LOW = -127.0
 H15_CLAMP_HIGH = 128.0
@@ -39,6 +58,10 @@ _H15_MIN_NORMAL_N = -252
 # Adding it to an fp32 in (-2**21, 2**21) rounds it to the nearest half, ties to even (ulp 0.5 in [2**22, 2**23)).
 ROUND_TO_HALF_MAGIC = 1.5 * 2.0**22
 _BITS_OF_ONE = 0x3F800000
+# Note [H15 weights as e4m3 bytes]: e4m3's exponent bias, the linear range of n.
+_E4M3_BIAS = 7
+H15_E4M3_MIN_N = -2 * (FP8_MAX_OFFSET + 6)  # -28: 2^-6, e4m3's smallest normal, after the 2^8 offset
+H15_E4M3_MAX_N = 1  # 1.5 * 2^8 = 384; n = 2 (512) is past e4m3's max 448
 
 
 def _check_float32(name: str, x: torch.Tensor) -> None:
@@ -107,3 +130,24 @@ def pot(x: torch.Tensor, k_max: int) -> torch.Tensor:
         raise ValueError(f"k_max must be an int in [0, 126], got {k_max!r}")
     exponent = torch.clamp(torch.round(x), min=-float(k_max))
     return torch.ldexp(torch.ones_like(x), exponent)
+
+
+def h15_e4m3_bytes(n: torch.Tensor) -> torch.Tensor:
+    """The e4m3 byte (uint8) of the H15 weight with half-octave index `n` relative to the max in use,
+    scaled by 2^FP8_MAX_OFFSET: `4n + 8 * (7 + 8)` for n in [-28, 1], 0 below (Note [H15 weights as e4m3 bytes]).
+
+    `n` is an integer tensor (any device). An n above 1 raises ValueError: its weight exceeds e4m3's max
+    448 (FA4's range rule keeps kernels from producing one).
+    """
+    if not isinstance(n, torch.Tensor):
+        raise TypeError(f"n must be a torch.Tensor, got {type(n).__name__}")
+    if n.dtype.is_floating_point or n.dtype.is_complex or n.dtype == torch.bool:
+        raise TypeError(f"n must be an integer tensor (half-octave indices), got dtype {n.dtype}")
+    if n.numel() and int(n.max()) > H15_E4M3_MAX_N:
+        raise ValueError(
+            f"n must be <= {H15_E4M3_MAX_N} (half-octave index relative to the max); got {int(n.max())}, whose "
+            f"weight exceeds e4m3's max 448 after the 2^{FP8_MAX_OFFSET} offset"
+        )
+    n = n.to(torch.int32)
+    linear = 4 * n + 8 * (_E4M3_BIAS + FP8_MAX_OFFSET)
+    return torch.where(n >= H15_E4M3_MIN_N, linear, torch.zeros_like(linear)).to(torch.uint8)
