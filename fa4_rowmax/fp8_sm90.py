@@ -1,0 +1,202 @@
+"""Host entry of the SM90 (Hopper) FP8 forward: validate, V^T pre-pass, compile (cached), launch.
+
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+    out, lse = flash_attn_fp8_sm90(q8, k8, v8, causal=True, softmax_mode="rowmax_h15",
+                                   q_descale=d, k_descale=d, v_descale=d)
+
+q, k, v: torch.float8_e4m3fn (batch, seqlen, heads, head_dim), head_dim 64 or 128, heads_q a multiple of
+heads_kv (GQA), last dimension contiguous. Returns BF16 out (batch, seqlen_q, heads_q, head_dim) and fp32
+lse (batch, heads_q, seqlen_q), natural log, of the logits softmax_scale * q_descale * k_descale * q.k.
+Causal masking is bottom-right aligned (FA4's). Forward only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fa4_rowmax.stage.softmax_sm90_fp8 import (
+    E4M3_MAX,
+    FP8_MAX_OFFSET,
+    Fp8Stage,
+)
+
+SOFTMAX_MODES = ("exact", "rowmax_h15")
+HEAD_DIMS = (64, 128)
+# log2(H(y)) - y reaches log2(1.5) - 0.25 in rowmax_h15 (Note [P range with a rounded-up weight], interface.py).
+LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One compiled kernel: every field joins the compile-cache key."""
+
+    head_dim: int
+    qhead_per_kvhead: int
+    causal: bool
+    stage: Fp8Stage
+    tile_m: int = 128
+    tile_n: int = 128
+    num_stages: int = 2
+
+    @property
+    def pack_gqa(self) -> bool:
+        return self.qhead_per_kvhead > 1
+
+
+def _check_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+
+
+def _check_descale(name: str, d, batch: int, heads_kv: int, device) -> torch.Tensor | None:
+    if d is None:
+        return None
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or tuple(d.shape) != (batch, heads_kv):
+        got = f"{d.dtype} {tuple(d.shape)}" if isinstance(d, torch.Tensor) else type(d).__name__
+        raise ValueError(f"{name} must be None or a torch.float32 tensor of shape (batch, heads_kv) = "
+                         f"({batch}, {heads_kv}), got {got}")
+    if d.device != device:
+        raise ValueError(f"{name} must be on {device}, got {d.device}")
+    return d.contiguous()
+
+
+def check_range_rule(softmax_mode: str, rescale_threshold: float) -> None:
+    """Note [FP8 max_offset] (softmax_sm90_fp8.py): the largest weight must fit e4m3."""
+    top = FP8_MAX_OFFSET + rescale_threshold + LOG2_ROUND_UP[softmax_mode]
+    if top >= math.log2(E4M3_MAX):
+        limit = math.log2(E4M3_MAX) - FP8_MAX_OFFSET - LOG2_ROUND_UP[softmax_mode]
+        raise ValueError(
+            f"rescale_threshold={rescale_threshold} with softmax_mode={softmax_mode!r} lets P reach "
+            f"2**{top:.3f} > 448 (e4m3 max): max_offset {FP8_MAX_OFFSET} + rescale_threshold + round-up "
+            f"{LOG2_ROUND_UP[softmax_mode]:.3f} must stay below log2(448) = {math.log2(E4M3_MAX):.3f}; "
+            f"accepted: 0 <= rescale_threshold < {limit:.3f}")
+
+
+def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool, exp2_deleted: bool = False) -> Fp8Stage:
+    if softmax_mode not in SOFTMAX_MODES:
+        raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
+    if beta is not None:
+        raise ValueError(f"beta must be None on the SM90 FP8 path (no exp2 emulation share yet), got {beta!r}")
+    threshold = 0.0 if rescale_threshold is None else float(rescale_threshold)
+    if not threshold >= 0.0:
+        raise ValueError(f"rescale_threshold must be None or a float >= 0 (log2 units), got {rescale_threshold!r}")
+    check_range_rule(softmax_mode, threshold)
+    if exp2_deleted and softmax_mode != "exact":
+        raise ValueError("exp2_deleted is a cost probe of softmax_mode='exact' only")
+    return Fp8Stage(mode=softmax_mode, rescale_threshold=threshold, exp2_deleted=exp2_deleted,
+                    has_descale=has_descale)
+
+
+_compile_cache: dict = {}
+
+
+def _compile(config: KernelConfig, q, k, vt, out, lse, descale):
+    import cutlass.cute as cute
+    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+    from flash_attn.cute.utils import AuxData
+
+    from fa4_rowmax.stage.flash_fwd_sm90_fp8 import FlashAttentionForwardSm90Fp8
+
+    kernel = FlashAttentionForwardSm90Fp8(
+        config.head_dim,
+        config.qhead_per_kvhead,
+        is_causal=config.causal,
+        pack_gqa=config.pack_gqa,
+        stage=config.stage,
+        tile_m=config.tile_m,
+        tile_n=config.tile_n,
+        num_stages=config.num_stages,
+    )
+    q_t, k_t = to_cute_tensor(q), to_cute_tensor(k)
+    vt_t = to_cute_tensor(vt, leading_dim=1)
+    o_t = to_cute_tensor(out)
+    lse_t = to_cute_tensor(lse, assumed_align=4)
+    aux = AuxData([to_cute_tensor(descale, assumed_align=4, leading_dim=2)], None) if descale is not None else AuxData()
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        kernel, q_t, k_t, vt_t, o_t, lse_t, 1.0,
+        None, None, None, None, None,  # cu_seqlens_q/k, seqused_q/k, page_table
+        None, None, None, None,  # window left/right, learnable_sink, block sparsity
+        aux, None, None, stream,
+        options="--enable-tvm-ffi",
+    )
+
+
+def flash_attn_fp8_sm90(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    softmax_mode: str = "exact",
+    rescale_threshold: float | None = None,
+    beta: float | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    *,
+    exp2_deleted: bool = False,
+    tile_n: int = 128,
+):
+    """SM90 FP8 attention forward -> (out BF16, lse fp32). `exp2_deleted` is a cost probe (wrong values)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, 4)
+    if any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("the SM90 FP8 forward is forward-only: q, k and v must not require grad "
+                         "(use torch.no_grad() or .detach())")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if batch_k != batch or head_dim_k != head_dim:
+        raise ValueError(f"k must be (batch={batch}, seqlen_k, heads_kv, head_dim={head_dim}), got {tuple(k.shape)}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS} on the SM90 FP8 path, got {head_dim}")
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"heads of q ({heads_q}) must be a multiple of heads of k and v ({heads_kv})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    descales = [_check_descale(n, d, batch, heads_kv, q.device)
+                for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    has_descale = any(d is not None for d in descales)
+    stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    config = KernelConfig(head_dim=head_dim, qhead_per_kvhead=heads_q // heads_kv, causal=bool(causal),
+                          stage=stage, tile_n=tile_n)
+
+    from flash_attn.cute.testing import is_fake_mode
+
+    out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    fake = is_fake_mode()
+    if fake:
+        from fa4_rowmax.stage.v_transpose import padded_keys
+
+        keys_padded = padded_keys(seqlen_k)
+        vt = torch.empty(batch, heads_kv, head_dim, keys_padded, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2)
+        descale = torch.empty(batch, heads_kv, 2, dtype=torch.float32, device=q.device) if has_descale else None
+    else:
+        from fa4_rowmax.stage.v_transpose import v_transpose
+
+        vt, descale = v_transpose(v, *descales)
+    if config not in _compile_cache:
+        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale)
+    if fake:
+        return out, lse
+    from flash_attn.cute.utils import AuxData
+
+    aux = AuxData([descale], None) if descale is not None else AuxData()
+    q_u8, k_u8, vt_u8 = (t.view(torch.uint8) for t in (q, k, vt))
+    _compile_cache[config](q_u8, k_u8, vt_u8, out, lse, float(softmax_scale),
+                           None, None, None, None, None, None, None, None, None, aux, None, None)
+    return out, lse

@@ -1,0 +1,237 @@
+"""SM90 (Hopper) FP8 forward for FlashAttention-4: e4m3 Q/K/V, BF16 O, fp32 LSE.
+
+A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 changes:
+
+- `_check_type`: e4m3 Q, K and V^T, BF16 O.
+- `_get_tiled_mma`: e4m3 wgmma (K = 32, both operands K-major, P from registers).
+- `_get_shared_storage_cls`: V^T's K-major shared layout, and a Q buffer big enough for the BF16 O that reuses
+  it (Note [FP8 kernel dtypes]).
+- `first_half_block_overlap` / `mma_one_n_block_intrawg_overlap`: the softmax stage writes the e4m3 P
+  operand (`Fp8SoftmaxSm90.write_p`) where FA4 converts to 16 bits, and the first block loads the tile's
+  descales (Note [Descales] in softmax_sm90_fp8.py).
+
+Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
+warpgroups, epilogue) is FA4's. Supported: dense batches, head dim 64 and 128, causal (bottom-right) or
+not, GQA (pack_gqa), seqlens off the tile grid. The host entry is `fa4_rowmax.fp8_sm90`.
+
+Note [FP8 kernel dtypes]
+~~~~~~~~~~~~~~~~~~~~~~~~
+FA4's SM90 kernel has one `self.dtype` for Q, K, V and O. Here `self.dtype` is the *output* dtype (BF16):
+FA4 uses it for the O epilogue (register convert, shared-memory store atom, TMA store) and for the view of
+the Q buffer that O reuses, while the shared layouts and TMA atoms of Q, K and V take their element type
+from the tensors (e4m3). The Q buffer is sized for the larger of Q (e4m3) and O (BF16, twice the bytes at
+equal head dims).
+
+Note [V^T in shared memory]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+FP8 wgmma reads both operands K-major, so the PV GEMM needs V with keys contiguous. The host passes V^T
+(written by `v_transpose.py`, keys permuted inside 16-key groups) as a (batch, keys, heads, dim) tensor whose
+key stride is 1, and its shared tile (tile_n, head_dim_v) is laid out column-major (keys contiguous, 128-byte
+swizzle along them). FA4's `__call__` builds the shared layouts, then asks `_get_shared_storage_cls` for the
+storage, then builds the TMA atoms and launches with `self.sV_layout`; so the override sets V's layout there,
+before the storage and the TMA atom are made from it. FA4's `transpose_view(sV)` then gives the K-major
+(head_dim_v, tile_n) operand.
+"""
+
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.utils import LayoutEnum
+import cutlass.utils.hopper_helpers as sm90_utils_basic
+
+from quack import layout_utils
+from quack import sm90_utils
+
+from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+from flash_attn.cute.seqlen_info import SeqlenInfoQK
+
+from fa4_rowmax.stage.softmax_sm90_fp8 import Fp8SoftmaxSm90, Fp8Stage
+
+OPERAND_DTYPE = cutlass.Float8E4M3FN
+OUTPUT_DTYPE = cutlass.BFloat16
+
+
+class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
+    """FA4's SM90 forward with e4m3 operands; `softmax_stage` is an `Fp8Stage` (mode, threshold, probes)."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        qhead_per_kvhead: int = 1,
+        *,
+        is_causal: bool,
+        pack_gqa: bool,
+        stage: Fp8Stage,
+        tile_m: int = 128,
+        tile_n: int = 128,
+        num_stages: int = 2,
+    ):
+        super().__init__(
+            OUTPUT_DTYPE,
+            head_dim,
+            head_dim,
+            qhead_per_kvhead,
+            is_causal=is_causal,
+            is_local=False,
+            pack_gqa=pack_gqa,
+            tile_m=tile_m,
+            tile_n=tile_n,
+            num_stages=num_stages,
+            num_threads=128 * (tile_m // 64 + 1),
+            Q_in_regs=False,
+            intra_wg_overlap=True,
+            mma_pv_is_rs=True,
+        )
+        self.operand_dtype = OPERAND_DTYPE
+        self.softmax_stage = stage
+
+    def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
+        if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
+            raise TypeError("q, k and v^T must be Float8E4M3FN")
+        if const_expr(mO_type != self.dtype):
+            raise TypeError("the output must be BFloat16")
+        if const_expr(mLSE_type not in [None, Float32]):
+            raise TypeError("LSE tensor must be Float32")
+        if const_expr(any(t is not None for t in index_types)):
+            raise TypeError("varlen, seqused and paged KV are not supported on the SM90 FP8 path")
+
+    def _get_tiled_mma(self):
+        tiled_mma_qk = sm90_utils_basic.make_trivial_tiled_mma(
+            self.operand_dtype,
+            self.operand_dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            atom_layout_mnk=(self.tile_m // 64, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_utils_basic.make_trivial_tiled_mma(
+            self.operand_dtype,
+            self.operand_dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            atom_layout_mnk=(self.tile_m // 64, 1, 1),
+            tiler_mn=(64, self.tile_hdimv),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        return tiled_mma_qk, tiled_mma_pv
+
+    def _get_shared_storage_cls(self):
+        # Note [V^T in shared memory]: V's K-major layout, set before FA4 builds the storage and V's TMA atom.
+        self.sV_layout = sm90_utils.make_smem_layout(
+            self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
+        )
+        # Note [FP8 kernel dtypes]: O (BF16) reuses the Q buffer.
+        cosize_sQO = max(
+            cute.cosize(self.sQ_layout),
+            cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width,
+        )
+        sQ_struct = cute.struct.Align[
+            cute.struct.MemRange[self.operand_dtype, cosize_sQO], self.buffer_align_bytes
+        ]
+        sK_struct, sV_struct = [
+            cute.struct.Align[
+                cute.struct.MemRange[self.operand_dtype, cute.cosize(layout)], self.buffer_align_bytes
+            ]
+            for layout in (self.sK_layout, self.sV_layout)
+        ]
+        mbar_ptr_Q_struct = cute.struct.MemRange[cutlass.Int64, 1 * 2]
+        mbar_ptr_K_struct = cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+        mbar_ptr_V_struct = cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+        sP_struct = cute.struct.Align[cute.struct.MemRange[self.operand_dtype, 0], 1024]
+
+        @cute.struct
+        class SharedStorageFp8:
+            mbar_ptr_Q: mbar_ptr_Q_struct
+            mbar_ptr_K: mbar_ptr_K_struct
+            mbar_ptr_V: mbar_ptr_V_struct
+            sV: sV_struct
+            sQ: sQ_struct
+            sK: sK_struct
+            sP: sP_struct
+
+        return SharedStorageFp8
+
+    @cute.jit
+    def load_tile_descale(self, softmax: Fp8SoftmaxSm90, mask_fn: Callable) -> None:
+        """Note [Descales]: FA4's `mma` binds the work tile's batch, head and aux tensors into `mask_fn`
+        (a functools.partial of `AttentionMask.apply_mask`); the descales travel as aux tensor 0,
+        fp32 (batch, kv heads, 2) = (q_descale * k_descale, v_descale)."""
+        batch_idx = mask_fn.keywords["batch_idx"]
+        head_idx = mask_fn.keywords["head_idx"]
+        mDescale = mask_fn.keywords["aux_data"].tensors[0]
+        head_kv = head_idx if const_expr(self.pack_gqa) else head_idx // self.qhead_per_kvhead
+        softmax.set_tile_descale(mDescale[batch_idx, head_kv, 0], mDescale[batch_idx, head_kv, 1])
+
+    @cute.jit
+    def first_half_block_overlap(
+        self,
+        n_block: Int32,
+        mma_qk_fn: Callable,
+        kv_consumer_state,
+        pipeline_k,
+        tOrP: cute.Tensor,
+        smem_copy_params: SimpleNamespace,
+        softmax: Fp8SoftmaxSm90,
+        seqlen: SeqlenInfoQK,
+        scores_scale: Optional[cute.Tensor] = None,
+        acc_O: Optional[cute.Tensor] = None,
+        mask_fn: Callable = None,
+        score_mod_fn: Optional[Callable] = None,
+        is_first_block: bool = False,
+    ):
+        """FA4's first half block (QK GEMM, mask, softmax), with the tile's descales and the e4m3 P operand."""
+        if const_expr(softmax.has_descale):
+            self.load_tile_descale(softmax, mask_fn)
+        pipeline_k.consumer_wait(kv_consumer_state, pipeline_k.consumer_try_wait(kv_consumer_state))
+        acc_S = mma_qk_fn(B_idx=kv_consumer_state.index, wg_wait=0)
+        pipeline_k.consumer_release(kv_consumer_state)
+        mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
+        softmax.online_softmax(acc_S, is_first=is_first_block)
+        softmax.write_p(acc_S, tOrP)
+        return kv_consumer_state
+
+    @cute.jit
+    def mma_one_n_block_intrawg_overlap(
+        self,
+        smem_pipe_read,
+        n_block: Int32,
+        mma_qk_fn: Callable,
+        mma_pv_fn: Callable,
+        pipeline_k,
+        pipeline_v,
+        acc_O: cute.Tensor,
+        tOrP: cute.Tensor,
+        smem_copy_params: SimpleNamespace,
+        softmax: Fp8SoftmaxSm90,
+        seqlen: SeqlenInfoQK,
+        scores_scale: Optional[cute.Tensor] = None,
+        score_mod_fn: Optional[Callable] = None,
+        mask_fn: Optional[Callable] = None,
+        check_inf: cutlass.Constexpr = True,
+    ):
+        """FA4's overlapped step (S = QK^T of this block while O += P V of the previous one), with the
+        e4m3 P operand written by the softmax stage."""
+        smem_pipe_read_v = smem_pipe_read.clone()
+        smem_pipe_read.advance()
+        pipeline_k.consumer_wait(smem_pipe_read, pipeline_k.consumer_try_wait(smem_pipe_read))
+        self.warp_scheduler_barrier_sync()
+        acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
+        pipeline_v.consumer_wait(smem_pipe_read_v, pipeline_v.consumer_try_wait(smem_pipe_read_v))
+        mma_pv_fn(B_idx=smem_pipe_read_v.index, wg_wait=-1)
+        self.warp_scheduler_barrier_arrive()
+        warpgroup.wait_group(1)
+        pipeline_k.consumer_release(smem_pipe_read)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S=acc_S, n_block=n_block)
+        row_scale = softmax.online_softmax(acc_S, check_inf=check_inf)
+        warpgroup.wait_group(0)
+        pipeline_v.consumer_release(smem_pipe_read_v)
+        softmax.write_p(acc_S, tOrP)
+        softmax.rescale_O(acc_O, row_scale)
+        return smem_pipe_read

@@ -1,0 +1,345 @@
+"""Softmax stage of the SM90 FP8 forward (`flash_fwd_sm90_fp8.py`): weights, row statistics and the e4m3 P operand.
+
+FA4's SM90 `Softmax` leaves fp32 weights in the S accumulator and the kernel converts them to the 16-bit A
+operand. With FP8 operands the stage also owns that conversion (`write_p`), because the e4m3 A-operand
+register layout is not the accumulator's (Note [FP8 A operand from the S accumulator]) and because
+`rowmax_h15` builds P's bytes without a convert (Note [H15 e4m3 bytes by integer ops]).
+
+Modes:
+- `exact`: `P = exp2(y)` on the MUFU, `y = s * scale_log2 + (max_offset - m * scale_log2)`, P to e4m3 by
+  `cvt.rn.satfinite.e4m3x2.f32`; the row sum adds the fp32 weights (FA4's SM100 FP8 semantics).
+  `exp2_deleted=True` is a cost probe only: P = y, the MUFU is gone and the values are wrong.
+- `rowmax_h15`: P's bytes from the half-octave index by FFMA, clamp, round-add and a byte permute; the row sum
+  adds the very values those bytes encode (scaled by 2^-120, Note [H15 e4m3 bytes by integer ops]).
+
+Note [FP8 max_offset]
+~~~~~~~~~~~~~~~~~~~~~
+As FA4's SM100 FP8 path (Note [Low Precision Scaling] in flash_fwd_sm100.py): weights carry a factor
+2^max_offset, max_offset = 8, so the largest weight is 256 and small weights keep e4m3's precision; the row
+sum carries the same factor and the LSE subtracts it. A stale max (rescale_threshold) lets y reach
+max_offset + rescale_threshold, and H15 rounds up by up to log2(1.5) - 0.25 octaves: the host refuses
+settings where that passes log2(448) (`fa4_rowmax.fp8_sm90`).
+
+Note [Descales]
+~~~~~~~~~~~~~~~
+q_descale * k_descale multiplies the logits, so it joins scale_log2 (as FA4's SM100 FP8 path folds it into
+the softmax scale); v_descale multiplies O, so it joins the final 1 / row_sum. Both are per (batch, kv head)
+and so per work tile: the kernel loads them once per tile (`set_tile_descale`) into one-element register
+tensors that `online_softmax` and `finalize` read.
+"""
+
+import math
+import operator
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass._mlir.dialects import llvm
+
+from quack import layout_utils
+import flash_attn.cute.utils as utils
+from flash_attn.cute.softmax import Softmax
+
+from fa4_rowmax.stage.softmax_base import H15_ROUND, RowmaxSoftmaxMixin, _f32_hex
+
+FP8_MAX_OFFSET = 8
+E4M3_MAX = 448.0
+
+# Note [H15 e4m3 bytes by integer ops]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# With n = round_half_even(2y) the H15 weight is 2^floor(n/2) * (1 + (n mod 2)/2), and its e4m3 byte, for a
+# normal weight (n >= -12: exponent field floor(n/2) + 7 >= 1, mantissa bit 2 = n mod 2), is 8 (floor(n/2) + 7)
+# + 4 (n mod 2) = 4n + 56 = 4L with L = n + 14. The kernel computes t = y + 7 by one FFMA (the 7 joins the
+# per-row addend), clamps t at 0 (L >= 0; -inf and NaN scores give 0), and r = t + 1.5 * 2^22 (fp32 ulp 0.5
+# there) leaves L = round_half_even(2t) = n + 14 in the low byte of bits(r) (adding 7 commutes with the rounding:
+# 14 is even). L <= 63 for every y the range rule allows (y <= 8.47), so packing four low bytes with PRMT and
+# shifting the word left by 2 gives four e4m3 bytes 4L without a carry between bytes.
+# The same bits give the row sum exactly: bits(r) << 22 = L << 22 (the set bits of bits(1.5 * 2^22) sit at 22
+# and above and wrap out), and the fp32 number with bits b << 20 is the e4m3 number with byte b times 2^-120,
+# normal or subnormal alike. So fp32(bits(r) << 22) = value(byte 4L) * 2^-120 for every L: the row sum adds
+# exactly the P that enters the MMA, scaled by 2^-120, and finalize puts 2^120 back into 1 / row_sum and the
+# LSE. The one place the bytes leave H15 is below e4m3's normals: L = 1 (H = 1.5 * 2^-7, 2^-15 of the largest
+# weight) encodes 2^-7 (byte 4), and L = 0 (H <= 2^-7) encodes 0; both the MMA and the row sum see that value.
+# The row sum must add fp32 denormals for L = 1 (2^-127 after the scaling), so its adds are `add.rn.f32`
+# without `.ftz`.
+H15_FP8_T_SHIFT = 7.0
+H15_FP8_SUM_LOG2_SCALE = -120
+
+
+def _asm(ptx: str, result_type, constraints: str, *args, loc=None, ip=None):
+    return llvm.inline_asm(
+        result_type,
+        [a.ir_value(loc=loc, ip=ip) for a in args],
+        ptx,
+        constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+_H15_ROUND_HEX = _f32_hex(H15_ROUND)
+
+
+@dsl_user_op
+def h15_fp8_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
+    """r = max(s * scale_log2 + addend, 0) + 1.5 * 2^22: bits(r)'s low byte is L (Note [H15 e4m3 bytes by integer ops])."""
+    ptx = (
+        "{\n\t.reg .f32 t;\n\t"
+        "fma.rn.f32 t, $1, $2, $3;\n\t"
+        "max.f32 t, t, 0f00000000;\n\t"
+        f"add.rn.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n"
+    )
+    args = [Float32(a) for a in (s, scale_log2, addend)]
+    return Float32(_asm(ptx, T.f32(), "=f,f,f,f", *args, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def h15_fp8_sum_add(acc: Float32, r: Float32, *, loc=None, ip=None) -> Float32:
+    """acc + fp32(bits(r) << 22), denormals kept (Note [H15 e4m3 bytes by integer ops])."""
+    ptx = "{\n\t.reg .b32 b;\n\tshl.b32 b, $2, 22;\n\tadd.rn.f32 $0, $1, b;\n\t}\n"
+    return Float32(_asm(ptx, T.f32(), "=f,f,f", Float32(acc), Float32(r), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def add_keep_denormals(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm("add.rn.f32 $0, $1, $2;", T.f32(), "=f,f,f", Float32(a), Float32(b), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def pack_e4m3_cvt(x0: Float32, x1: Float32, x2: Float32, x3: Float32, *, loc=None, ip=None) -> Int32:
+    """Four fp32 weights to four e4m3 bytes (x0 in the low byte), saturating, round to nearest even."""
+    ptx = (
+        "{\n\t.reg .b16 lo, hi;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\t"
+        "mov.b32 $0, {lo, hi};\n\t}\n"
+    )
+    args = [Float32(a) for a in (x0, x1, x2, x3)]
+    return Int32(_asm(ptx, T.i32(), "=r,f,f,f,f", *args, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def pack_h15_bytes(r0: Float32, r1: Float32, r2: Float32, r3: Float32, *, loc=None, ip=None) -> Int32:
+    """e4m3 bytes 4L from four lattice points (r0 in the low byte): 3 PRMT + 1 SHL (Note [H15 e4m3 bytes by integer ops])."""
+    ptx = (
+        "{\n\t.reg .b32 t0, t1, w;\n\t"
+        "prmt.b32 t0, $1, $2, 0x0040;\n\t"
+        "prmt.b32 t1, $3, $4, 0x0040;\n\t"
+        "prmt.b32 w, t0, t1, 0x5410;\n\t"
+        "shl.b32 $0, w, 2;\n\t}\n"
+    )
+    args = [Float32(a) for a in (r0, r1, r2, r3)]
+    return Int32(_asm(ptx, T.i32(), "=r,f,f,f,f", *args, loc=loc, ip=ip))
+
+
+def _fmax_nan(a: Float32, b: Float32) -> Float32:
+    return cute.arch.fmax(a, b, nan=True)
+
+
+# Note [FP8 A operand from the S accumulator]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The SM90 wgmma accumulator gives thread (row group g, quad lane t) of each 8-column chunk j the columns
+# 8j + 2t + {0, 1} of rows g and g + 8 (fragment index c + 2 * row_half + 4 * j). The e4m3 A operand of one
+# k32 block gives the same thread bytes 4t + {0..3} and 16 + 4t + {0..3} of rows g and g + 8 (register
+# index byte + 4 * row_half + 8 * k_half). So one register of A can hold chunk 2h's two columns followed by
+# chunk 2h + 1's two columns of one row, with no data crossing threads, if key position p = 4t + i of each
+# 16-key group is key [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15][p] of that group. The V^T
+# pre-pass (`v_transpose.py`) stores V's keys in that order (SageAttention2's layout), so P @ V pairs each
+# weight with its own key. Word (row_half, k_half, k_block) of the operand packs accumulator entries
+# (j, row_half, 0), (j, row_half, 1), (j + 1, row_half, 0), (j + 1, row_half, 1) with j = 4 k_block + 2 k_half.
+KEY_ORDER_IN_16 = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+
+
+@dataclass
+class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
+    mode: cutlass.Constexpr[str] = "exact"
+    rescale_threshold: cutlass.Constexpr[float] = 0.0
+    exp2_deleted: cutlass.Constexpr[bool] = False
+    has_descale: cutlass.Constexpr[bool] = False
+    tile_scale_log2: cute.Tensor = None
+    tile_v_descale: cute.Tensor = None
+
+    @staticmethod
+    def from_stock(softmax: Softmax, *, mode: str, rescale_threshold: float, exp2_deleted: bool, has_descale: bool):
+        """Take over the row statistics of the `Softmax` the kernel created."""
+        tile_scale_log2 = cute.make_rmem_tensor(1, Float32)
+        tile_v_descale = cute.make_rmem_tensor(1, Float32)
+        return Fp8SoftmaxSm90(
+            *RowmaxSoftmaxMixin.stock_fields(softmax),
+            mode=mode,
+            rescale_threshold=rescale_threshold,
+            exp2_deleted=exp2_deleted,
+            has_descale=has_descale,
+            tile_scale_log2=tile_scale_log2,
+            tile_v_descale=tile_v_descale,
+        )
+
+    @property
+    def nan_rows(self) -> bool:
+        return self.mode == "rowmax_h15"
+
+    @cute.jit
+    def set_tile_descale(self, qk_descale: Float32, v_descale: Float32) -> None:
+        """Note [Descales]: the logit and output factors of this work tile's (batch, kv head)."""
+        self.tile_scale_log2[0] = self.scale_log2 * qk_descale
+        self.tile_v_descale[0] = v_descale
+
+    def current_scale_log2(self) -> Float32:
+        return self.tile_scale_log2[0] if const_expr(self.has_descale) else self.scale_log2
+
+    @cute.jit
+    def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
+        """Quad-reduced row max; NaN-propagating in rowmax_h15 (its clamp would hide NaN scores)."""
+        if const_expr(self.nan_rows):
+            values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
+            values.store(acc_S_row)
+            partial = [values[0], values[1], values[2], values[3]]
+            for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
+                for j in cutlass.range_constexpr(4):
+                    partial[j] = _fmax_nan(partial[j], values[i + j])
+            local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
+            if const_expr(init_val is not None):
+                local = _fmax_nan(local, init_val)
+            return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
+        local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=self.arch)
+        return cute.arch.warp_reduction_max(local, threads_in_group=4)
+
+    @cute.jit
+    def online_softmax(
+        self,
+        acc_S: cute.Tensor,
+        is_first: cutlass.Constexpr[bool] = False,
+        check_inf: cutlass.Constexpr[bool] = True,
+    ) -> cute.Tensor:
+        """Replace acc_S by the weights (exact) or lattice points (rowmax_h15), update the row stats, return
+        the factor to rescale O by. A fully masked row (max -inf) is anchored at 0, so its weights are 0."""
+        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
+        row_scale = cute.make_fragment_like(self.row_max, Float32)
+        row_max = self.row_max
+        row_sum = self.row_sum
+        scale_log2 = self.current_scale_log2()
+        n_cols = cute.size(acc_S_mn, mode=[1])
+        for r in cutlass.range(cute.size(row_max), unroll_full=True):
+            row_max_cur = self.row_max_of(
+                acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None
+            )
+            row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
+            if const_expr(is_first):
+                row_scale[r] = 1.0
+            else:
+                row_max_old = row_max[r]
+                acc_scale_ = (row_max_old - row_max_safe) * scale_log2
+                row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
+                if const_expr(self.rescale_threshold > 0.0):
+                    # Stale max within the threshold: keep it and skip the rescale.
+                    if acc_scale_ >= -self.rescale_threshold:
+                        row_max_cur = row_max_old
+                        row_max_safe = row_max_old
+                        row_scale[r] = 1.0
+            row_max[r] = row_max_cur
+            if const_expr(self.mode == "rowmax_h15"):
+                addend = Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT) - row_max_safe * scale_log2
+                partial = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+                for c in cutlass.range_constexpr(n_cols):
+                    lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
+                    acc_S_mn[r, c] = lattice
+                    partial[c % 4] = h15_fp8_sum_add(partial[c % 4], lattice)
+                tile_sum = add_keep_denormals(
+                    add_keep_denormals(partial[0], partial[1]), add_keep_denormals(partial[2], partial[3])
+                )
+                if const_expr(is_first):
+                    row_sum[r] = tile_sum
+                else:
+                    row_sum[r] = add_keep_denormals(row_sum[r] * row_scale[r], tile_sum)
+            else:
+                bias = Float32(FP8_MAX_OFFSET) - row_max_safe * scale_log2
+                for c in cutlass.range_constexpr(n_cols):
+                    y = acc_S_mn[r, c] * scale_log2 + bias
+                    acc_S_mn[r, c] = y if const_expr(self.exp2_deleted) else cute.math.exp2(y, fastmath=True)
+                row_sum[r] = utils.fadd_reduce(
+                    acc_S_mn[r, None].load(),
+                    init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
+                    arch=self.arch,
+                )
+        return row_scale
+
+    @cute.jit
+    def write_p(self, acc_S: cute.Tensor, tOrP: cute.Tensor) -> None:
+        """Pack the weights in acc_S into the e4m3 A operand tOrP (Note [FP8 A operand from the S accumulator])."""
+        # acc_S per thread: ((2 columns, 2 row halves, n/8 chunks), 1, 1); tOrP words: ((1, 2 row halves,
+        # 2 k halves), 1, n/32 k blocks).
+        assert cute.size(acc_S, mode=[1]) == 1 and cute.size(acc_S, mode=[2]) == 1
+        p_words = cute.recast_tensor(tOrP, Int32)
+        n_kblocks = cute.size(p_words, mode=[2])
+        assert cute.size(p_words) == 4 * n_kblocks
+        assert cute.size(acc_S) == 16 * n_kblocks
+        for kb in cutlass.range_constexpr(n_kblocks):
+            for k_half in cutlass.range_constexpr(2):
+                for row_half in cutlass.range_constexpr(2):
+                    j = 4 * kb + 2 * k_half
+                    i0 = 2 * row_half + 4 * j
+                    i1 = 2 * row_half + 4 * (j + 1)
+                    vals = (acc_S[i0], acc_S[i0 + 1], acc_S[i1], acc_S[i1 + 1])
+                    if const_expr(self.mode == "rowmax_h15"):
+                        word = pack_h15_bytes(*vals)
+                    else:
+                        word = pack_e4m3_cvt(*vals)
+                    p_words[row_half + 2 * k_half + 4 * kb] = word
+
+    @cute.jit
+    def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:
+        """1 / row_sum (with v_descale, and 2^120 for rowmax_h15) and the LSE; row_sum becomes the LSE.
+
+        Rows whose sum is 0 or NaN get LSE -inf and factor 1 (stock); in rowmax_h15 a NaN or +inf row max
+        (NaN or +inf score) makes the factor NaN, so O is NaN there as in exact (Note [NaN rows in the
+        approximate modes], softmax_sm90.py).
+        """
+        assert sink_val is None, "learnable sinks are not supported on the SM90 FP8 path"
+        row_sum = self.row_sum
+        row_max = self.row_max
+        scale_log2 = self.current_scale_log2()
+        row_sum.store(utils.warp_reduce(row_sum.load(), operator.add, width=4))
+        row_scale = cute.make_fragment_like(row_max, Float32)
+        sum_log2_scale = H15_FP8_SUM_LOG2_SCALE if const_expr(self.mode == "rowmax_h15") else 0
+        out_scale = final_scale * Float32(2.0 ** sum_log2_scale)
+        if const_expr(self.has_descale):
+            out_scale = out_scale * self.tile_v_descale[0]
+        for r in cutlass.range(cute.size(row_sum), unroll_full=True):
+            anchor = row_max[r] * scale_log2
+            empty_or_nan = row_sum[r] == 0.0 or row_sum[r] != row_sum[r]
+            row_scale[r] = cute.arch.rcp_approx(row_sum[r] if not empty_or_nan else 1.0) * out_scale
+            poisoned = False
+            if const_expr(self.nan_rows):
+                poisoned = row_max[r] != row_max[r] or row_max[r] == Float32.inf
+                if poisoned:
+                    row_scale[r] = Float32(math.nan)
+            row_sum_cur = row_sum[r]
+            row_sum[r] = (
+                (anchor + cute.math.log2(row_sum_cur, fastmath=True) - Float32(FP8_MAX_OFFSET + sum_log2_scale))
+                * math.log(2.0)
+                if not (empty_or_nan or poisoned)
+                else -Float32.inf
+            )
+        return row_scale
+
+
+@dataclass(frozen=True)
+class Fp8Stage:
+    """What the kernel's `softmax_stage` hook needs (`self.softmax_stage.sm90(softmax)` in FA4's SM90 `mma`)."""
+
+    mode: str = "exact"
+    rescale_threshold: float = 0.0
+    exp2_deleted: bool = False
+    has_descale: bool = False
+
+    def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
+        return Fp8SoftmaxSm90.from_stock(
+            softmax,
+            mode=self.mode,
+            rescale_threshold=self.rescale_threshold,
+            exp2_deleted=self.exp2_deleted,
+            has_descale=self.has_descale,
+        )
