@@ -25,6 +25,7 @@ from fa4_rowmax.stage.softmax_sm90_fp8 import (
 
 SOFTMAX_MODES = ("exact", "rowmax_h15")
 HEAD_DIMS = (64, 128)
+TILE_NS = (128, 160, 192, 224)  # multiples of 32: the e4m3 wgmma K
 # log2(H(y)) - y reaches log2(1.5) - 0.25 in rowmax_h15 (Note [P range with a rounded-up weight], interface.py).
 LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25}
 
@@ -81,7 +82,11 @@ def check_range_rule(softmax_mode: str, rescale_threshold: float) -> None:
             f"accepted: 0 <= rescale_threshold < {limit:.3f}")
 
 
-def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool, exp2_deleted: bool = False) -> Fp8Stage:
+ANCHOR_ROUNDINGS = ("exact", "half_octave")
+
+
+def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool, exp2_deleted: bool = False,
+                  anchor_rounding: str = "exact") -> Fp8Stage:
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
     if beta is not None:
@@ -92,8 +97,12 @@ def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool,
     check_range_rule(softmax_mode, threshold)
     if exp2_deleted and softmax_mode != "exact":
         raise ValueError("exp2_deleted is a cost probe of softmax_mode='exact' only")
+    if anchor_rounding not in ANCHOR_ROUNDINGS:
+        raise ValueError(f"anchor_rounding must be one of {ANCHOR_ROUNDINGS}, got {anchor_rounding!r}")
+    if anchor_rounding != "exact" and softmax_mode != "rowmax_h15":
+        raise ValueError("anchor_rounding='half_octave' applies to softmax_mode='rowmax_h15' only")
     return Fp8Stage(mode=softmax_mode, rescale_threshold=threshold, exp2_deleted=exp2_deleted,
-                    has_descale=has_descale)
+                    has_descale=has_descale, anchor_rounding=anchor_rounding)
 
 
 _compile_cache: dict = {}
@@ -144,10 +153,15 @@ def flash_attn_fp8_sm90(
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
     *,
+    anchor_rounding: str = "exact",
     exp2_deleted: bool = False,
     tile_n: int = 128,
 ):
-    """SM90 FP8 attention forward -> (out BF16, lse fp32). `exp2_deleted` is a cost probe (wrong values)."""
+    """SM90 FP8 attention forward -> (out BF16, lse fp32).
+
+    Levers (keyword-only): `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]), `tile_n`
+    (keys per tile, a multiple of 16). `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, 4)
     if any(t.requires_grad for t in (q, k, v)):
@@ -168,7 +182,9 @@ def flash_attn_fp8_sm90(
     descales = [_check_descale(n, d, batch, heads_kv, q.device)
                 for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     has_descale = any(d is not None for d in descales)
-    stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted)
+    stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding)
+    if tile_n not in TILE_NS:
+        raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     config = KernelConfig(head_dim=head_dim, qhead_per_kvhead=heads_q // heads_kv, causal=bool(causal),

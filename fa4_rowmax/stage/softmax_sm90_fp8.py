@@ -42,7 +42,7 @@ from quack import layout_utils
 import flash_attn.cute.utils as utils
 from flash_attn.cute.softmax import Softmax
 
-from fa4_rowmax.stage.softmax_base import H15_ROUND, RowmaxSoftmaxMixin, _f32_hex
+from fa4_rowmax.stage.softmax_base import H15_ROUND, RowmaxSoftmaxMixin, _f32_hex, h15_anchor_addend
 
 FP8_MAX_OFFSET = 8
 E4M3_MAX = 448.0
@@ -66,6 +66,15 @@ E4M3_MAX = 448.0
 # without `.ftz`.
 H15_FP8_T_SHIFT = 7.0
 H15_FP8_SUM_LOG2_SCALE = -120
+
+# Note [Folded H15 on FP8]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# The SM90 BF16 fold (Note [Folded H15 with a half-octave anchor], softmax_base.py) carries over: the per-row
+# addend b = fl(1.5 * 2^22 - m * scale_log2) + 15 (the + 15 = max_offset + 7 is exact in [2^22, 2^23)) makes
+# r = fl(s * scale_log2 + b) the lattice point of y + 7 with the anchor a = 1.5 * 2^22 - fl(1.5 * 2^22 -
+# m * scale_log2) (the half octave nearest m * scale_log2), in one FFMA; the clamp moves onto r (at
+# 1.5 * 2^22, L = 0). The reference is SoftmaxConfig(anchor_rounding="half_octave"): rescale exp2(a_old -
+# a_new), LSE from a. Per element one FADD less than the exact-anchor H15.
 
 
 def _asm(ptx: str, result_type, constraints: str, *args, loc=None, ip=None):
@@ -92,6 +101,14 @@ def h15_fp8_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=Non
         "max.f32 t, t, 0f00000000;\n\t"
         f"add.rn.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n"
     )
+    args = [Float32(a) for a in (s, scale_log2, addend)]
+    return Float32(_asm(ptx, T.f32(), "=f,f,f,f", *args, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def h15_fp8_folded_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
+    """r = max(s * scale_log2 + addend, 1.5 * 2^22), one rounding onto the lattice (Note [Folded H15 on FP8])."""
+    ptx = f"{{\n\t.reg .f32 t;\n\tfma.rn.f32 t, $1, $2, $3;\n\tmax.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n"
     args = [Float32(a) for a in (s, scale_log2, addend)]
     return Float32(_asm(ptx, T.f32(), "=f,f,f,f", *args, loc=loc, ip=ip))
 
@@ -159,11 +176,13 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     rescale_threshold: cutlass.Constexpr[float] = 0.0
     exp2_deleted: cutlass.Constexpr[bool] = False
     has_descale: cutlass.Constexpr[bool] = False
+    anchor_rounding: cutlass.Constexpr[str] = "exact"
     tile_scale_log2: cute.Tensor = None
     tile_v_descale: cute.Tensor = None
 
     @staticmethod
-    def from_stock(softmax: Softmax, *, mode: str, rescale_threshold: float, exp2_deleted: bool, has_descale: bool):
+    def from_stock(softmax: Softmax, *, mode: str, rescale_threshold: float, exp2_deleted: bool, has_descale: bool,
+                   anchor_rounding: str):
         """Take over the row statistics of the `Softmax` the kernel created."""
         tile_scale_log2 = cute.make_rmem_tensor(1, Float32)
         tile_v_descale = cute.make_rmem_tensor(1, Float32)
@@ -173,6 +192,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             rescale_threshold=rescale_threshold,
             exp2_deleted=exp2_deleted,
             has_descale=has_descale,
+            anchor_rounding=anchor_rounding,
             tile_scale_log2=tile_scale_log2,
             tile_v_descale=tile_v_descale,
         )
@@ -180,6 +200,10 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     @property
     def nan_rows(self) -> bool:
         return self.mode == "rowmax_h15"
+
+    @property
+    def folded(self) -> bool:
+        return self.mode == "rowmax_h15" and self.anchor_rounding == "half_octave"
 
     @cute.jit
     def set_tile_descale(self, qk_descale: Float32, v_descale: Float32) -> None:
@@ -232,7 +256,14 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             else:
                 row_max_old = row_max[r]
                 acc_scale_ = (row_max_old - row_max_safe) * scale_log2
-                row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
+                if const_expr(self.folded):
+                    # a_old - a_new of the rounded anchors (Note [Folded H15 on FP8]).
+                    row_scale[r] = cute.math.exp2(
+                        h15_anchor_addend(row_max_safe, scale_log2) - h15_anchor_addend(row_max_old, scale_log2),
+                        fastmath=True,
+                    )
+                else:
+                    row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
                 if const_expr(self.rescale_threshold > 0.0):
                     # Stale max within the threshold: keep it and skip the rescale.
                     if acc_scale_ >= -self.rescale_threshold:
@@ -241,10 +272,16 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                         row_scale[r] = 1.0
             row_max[r] = row_max_cur
             if const_expr(self.mode == "rowmax_h15"):
-                addend = Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT) - row_max_safe * scale_log2
+                if const_expr(self.folded):
+                    addend = h15_anchor_addend(row_max_safe, scale_log2) + Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT)
+                else:
+                    addend = Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT) - row_max_safe * scale_log2
                 partial = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
                 for c in cutlass.range_constexpr(n_cols):
-                    lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
+                    if const_expr(self.folded):
+                        lattice = h15_fp8_folded_lattice(acc_S_mn[r, c], scale_log2, addend)
+                    else:
+                        lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
                     acc_S_mn[r, c] = lattice
                     partial[c % 4] = h15_fp8_sum_add(partial[c % 4], lattice)
                 tile_sum = add_keep_denormals(
@@ -309,6 +346,8 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             out_scale = out_scale * self.tile_v_descale[0]
         for r in cutlass.range(cute.size(row_sum), unroll_full=True):
             anchor = row_max[r] * scale_log2
+            if const_expr(self.folded):
+                anchor = Float32(H15_ROUND) - h15_anchor_addend(row_max[r], scale_log2)
             empty_or_nan = row_sum[r] == 0.0 or row_sum[r] != row_sum[r]
             row_scale[r] = cute.arch.rcp_approx(row_sum[r] if not empty_or_nan else 1.0) * out_scale
             poisoned = False
@@ -334,6 +373,7 @@ class Fp8Stage:
     rescale_threshold: float = 0.0
     exp2_deleted: bool = False
     has_descale: bool = False
+    anchor_rounding: str = "exact"
 
     def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
         return Fp8SoftmaxSm90.from_stock(
@@ -342,4 +382,5 @@ class Fp8Stage:
             rescale_threshold=self.rescale_threshold,
             exp2_deleted=self.exp2_deleted,
             has_descale=self.has_descale,
+            anchor_rounding=self.anchor_rounding,
         )
