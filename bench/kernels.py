@@ -13,13 +13,39 @@ The gate (bench/check.py) compares a kernel's output with an fp32 reference comp
 inputs the output is a weighted mean of V rows, and a per-weight relative error e gives an output error of
 about rms(e), so the tolerances follow each method's per-weight error, with ~2x headroom:
   - exact softmax, 16-bit inputs: 1e-2 (FA4 stock measured 2.0-2.3e-3 on the H200: bf16 rounding of P and O);
-    FP8 inputs: 8e-2 (e4m3 P and operands, ~2.5% each).
+    FP8 inputs: Note [FP8 gate tolerances].
   - Rowmax-H15: 0.2 (log2 error of every weight within [-0.25, +0.335] octave; 8-10% measured on Gaussian
-    inputs, notes/rowmax_h15.md); FP8: 0.25.
+    inputs, notes/rowmax_h15.md); FP8: Note [FP8 gate tolerances].
   - Fused-Softmax and its exact twin, by operand format: mxfp8 and mxfp6 0.12 (5.7% / 6.5% reported vs BF16
     attention), mxfp4 0.4 (20.5% reported).
 Garbage stays far above all of them: zeros give 1.0, unrelated values ~1.4, and a kernel that ignores the
 scores (uniform weights) ~0.8 for these inputs.
+
+Note [FP8 gate tolerances]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+e4m3 keeps 3 fraction bits: unit roundoff u = 2^-4. Rounding a value of binade [2^e, 2^(e+1)) to the step
+2u 2^e leaves an error uniform over the step, variance (2u 2^e)^2 / 12. Relative to the signal power E[x^2]
+that is between u^2/7 (values uniform in their binade) and u^2/6.5 (log-uniform); N(0, 1) values, whose
+density falls across the top binades, sit lower in them: u^2/5.5, and so do the softmax weights
+exp(s - m) (both measured by tests/test_bench.py from torch's e4m3 rounding). So each e4m3 rounding adds the
+noise power rho = u^2 / 5.5. For q, k, v ~ N(0, 1) and softmax scale d^-1/2 the output is a weighted mean of
+V rows and every weight is off by its own independent relative error, so the relative Frobenius output error
+is the rms of the per-weight (or per-V-element) relative errors, and independent sources add in power:
+  - Q and K rounded: score error variance rho E[k^2] + rho E[q^2] = 2 rho; each weight exp(s) moves by it;
+  - V rounded: rho;  P rounded before P@V (the row sum from the fp32 P): rho;  O rounded to e4m3: rho;
+  - Rowmax-H15 itself: log2(H / 2^x) = -t + 0.085 b (t uniform in +-1/4, b a fair bit), std 0.150 octaves,
+    a relative weight error of ln 2 * 0.150 = 0.104;
+  - Hopper's FP8 wgmma accumulator (13 kept fraction bits, truncated: aiter_fused/kernel.py, Note [FP8
+    accumulation]; O accumulates a whole row in it): a model, not a measurement: each 32-key k-step
+    truncates up to 2^-13 of the running |O|, which grows like sqrt(keys), so the mean relative error is
+    ~2^-14 (2/3) seqlen / 32: 0.3% at 2K, 4.2% at 32K (ACCUMULATOR_REL_ERROR, at the longest seqlen run).
+Sanity check against the H200: FA3-FP8 vs fp32 attention of the unrounded N(0, 1) inputs rounds Q, K, V
+and P: sqrt(4 rho) = 5.3%, and 5.3% was measured (../shared/notes/fp8_sm90.md), so at that shape the
+accumulator adds nothing visible. The gate's reference is computed from the very FP8 inputs the kernel
+read (bench/check.py), so only P and O count there, plus the accumulator model and the method's own error:
+tolerance = 2 x that (the ~2x headroom of Note [Gate tolerances]), capped at FP8_EXACT_CAP / FP8_H15_CAP:
+exact FP8 with a BF16 O 0.10, cuDNN's FP8 O 0.11, H15 FP8 (its P exact in e4m3) 0.22. `fp8_output_error`
+computes them; the H200 rows' `check.rel_err` over 2K-32K put the accumulator model to the test.
 """
 
 from __future__ import annotations
@@ -28,6 +54,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import math
 from typing import Callable, Mapping
 
 import torch
@@ -40,8 +67,34 @@ H15_BETAS = (0.0, 0.125, 0.25, 0.375, 0.5, 1.0)
 MX_FORMATS = ("mxfp8", "mxfp6", "mxfp4")
 FA4_PATCH_KWARGS = ("softmax_mode", "rescale_threshold", "beta")
 
-_EXACT_TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp8": 8e-2}
-_H15_TOL = {"bf16": 0.2, "fp16": 0.2, "fp8": 0.25}
+# Note [FP8 gate tolerances]
+E4M3_UNIT_ROUNDOFF = 2.0**-4
+E4M3_NOISE_POWER = E4M3_UNIT_ROUNDOFF**2 / 5.5  # rho: one e4m3 rounding, relative to N(0, 1)-like signal power
+H15_WEIGHT_REL_ERROR = math.log(2.0) * math.sqrt(0.5**2 / 12 + (math.log2(1.5) - 0.5) ** 2 / 4)  # 0.104
+FP8_LONGEST_SEQLEN = 32768
+ACCUMULATOR_REL_ERROR = 2.0**-14 * (2 / 3) * FP8_LONGEST_SEQLEN / 32
+FA3_FP8_MEASURED_REL_ERROR = 0.053  # H200, 2026-12-01, vs fp32 attention of unrounded N(0, 1) inputs
+FP8_EXACT_CAP, FP8_H15_CAP = 0.12, 0.3
+
+
+def fp8_output_error(*, roundings: int, accumulator: bool = True, h15: bool = False) -> float:
+    """Predicted relative Frobenius output error (Note [FP8 gate tolerances]) from `roundings` e4m3 roundings
+    (Q and K count 2, V, P and O one each), Hopper's FP8 accumulator model, and H15's own weight error."""
+    power = roundings * E4M3_NOISE_POWER + (ACCUMULATOR_REL_ERROR**2 if accumulator else 0.0)
+    power += H15_WEIGHT_REL_ERROR**2 if h15 else 0.0
+    return math.sqrt(power)
+
+
+def fp8_tolerance(*, roundings: int, h15: bool = False) -> float:
+    """The gate tolerance: 2x the predicted error against a reference from the same FP8 inputs, capped."""
+    return min(2 * fp8_output_error(roundings=roundings, h15=h15), FP8_H15_CAP if h15 else FP8_EXACT_CAP)
+
+
+_EXACT_TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp8": fp8_tolerance(roundings=1)}  # P rounded to e4m3, BF16 O
+_H15_TOL = {"bf16": 0.2, "fp16": 0.2, "fp8": fp8_tolerance(roundings=0, h15=True)}  # H15 weights exact in e4m3
+_CUDNN_FP8_TOL = {"fp8": fp8_tolerance(roundings=2)}  # P and the FP8 O
+# BF16 kernels on FP8 inputs upcast to BF16 (exact): their BF16 error, as for BF16 inputs.
+_BF16_PEER_TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp8": 1e-2}
 _MX_TOL = {"mxfp8": 0.12, "mxfp6": 0.12, "mxfp4": 0.4}
 # aiter_fused dot modes timed against the arch default (aiter_fused.attention.DOT_MODES; "fp8" is the sm_90 default)
 AITER_DOT_MODE_VARIANTS = ("bf16", "scaled")
@@ -60,6 +113,18 @@ HOPPER_LEVERS = {
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
+# The FP8 SM90 kernel (fa4_rowmax.fp8_sm90): exact twin, its exp2-deleted cost probe, Rowmax-H15 and its map.
+# FA4's range rule with max_offset 8 leaves rescale_threshold < 0.472 for H15 in e4m3 (config.py).
+FP8_H15_THRESHOLDS = (0.0, 0.4)
+FP8_H15_BETAS = (0.5, 1.0)
+# Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
+RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
+GEMM_CEILING_N = 8192
+GEMM_CEILING_FLOPS = 2.0 * GEMM_CEILING_N**3
+# cuDNN's FP8 scales (the bench's choice, Note [cuDNN FP8 scales])
+CUDNN_SCALE_S = 2.0**8
+CUDNN_SCALE_O = 2.0**6
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
@@ -71,6 +136,12 @@ class KernelSpec:
     _load: Callable[[], Callable] = dataclasses.field(repr=False)  # the entry point, or raises KernelUnavailable
     _bind: Callable[[Callable, torch.Tensor, torch.Tensor, torch.Tensor, bool], Launch] = dataclasses.field(repr=False)
     _unsupported: Callable[[str, tuple[int, int]], str | None] = dataclasses.field(repr=False)  # (dtype, capability)
+    # False for cost probes whose values are wrong by design (the GEMM ceiling, exp2 deleted): no output check.
+    checked: bool = True
+    # A ceiling's fixed FLOP count per call (its TFLOPS use it, it gets no speed-ups); None: the shape's attention.
+    flops: float | None = None
+    # The launch returns the output times this (cuDNN's FP8 O carries scale_o); the check divides it out.
+    output_scale: float = 1.0
 
     def unavailable_reason(self) -> str | None:
         """None when the entry point imports (and has the needed arguments), else why not."""
@@ -89,6 +160,10 @@ class KernelSpec:
         """A zero-argument callable running the kernel on these tensors, returning out (B, S, Hq, D).
         Layout changes (views) happen here, outside the timed call."""
         return self._bind(self._load(), q, k, v, causal)
+
+    def output_for_check(self, out: torch.Tensor) -> torch.Tensor:
+        """The launch's output as attention values (fp32), for the gate."""
+        return out.float() / self.output_scale
 
     def tolerance(self, dtype: str) -> float:
         if dtype not in self.tolerances:
@@ -201,6 +276,159 @@ def _always_supported(dtype: str, capability: tuple[int, int]) -> str | None:
     return None
 
 
+def _upcast_fp8(bind: Callable) -> Callable:
+    """A BF16 kernel's binder that also takes FP8 inputs, upcast to BF16 (exact) outside the timed call."""
+    def upcast_bind(fn, q, k, v, causal):
+        if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+        return bind(fn, q, k, v, causal)
+    return upcast_bind
+
+
+def _hopper_only(what: str) -> Callable:
+    def unsupported(dtype: str, capability: tuple[int, int]) -> str | None:
+        if capability[0] != 9:
+            return f"{what} is a Hopper (SM90) kernel; this GPU is sm_{capability[0]}{capability[1]}"
+        return None
+    return unsupported
+
+
+# --- FP8 peers and the FP8 SM90 kernel ------------------------------------------------------------------------
+
+
+def _load_gemm() -> Callable:
+    if not hasattr(torch, "_scaled_mm"):
+        raise KernelUnavailable(f"torch {torch.__version__} has no torch._scaled_mm")
+    return torch._scaled_mm
+
+
+def _gemm_binder(fn, q, k, v, causal):
+    """The FP8 GEMM ceiling: an e4m3 GEMM_CEILING_N^3 product (A row-major, B column-major, as _scaled_mm
+    needs), BF16 out; the attention inputs only give the device. Its TFLOPS is GEMM_CEILING_FLOPS / time."""
+    generator = torch.Generator(device=q.device).manual_seed(0)
+    n = GEMM_CEILING_N
+    a = torch.randn(n, n, device=q.device, dtype=torch.bfloat16, generator=generator).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=q.device, dtype=torch.bfloat16, generator=generator).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=q.device, dtype=torch.float32)
+    return lambda: fn(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def _load_fa3() -> Callable:
+    return _load("fa3_fwd_interface", "flash_attn_func")
+
+
+def _fa3_bf16_binder(fn, q, k, v, causal):
+    return lambda: _first(fn(q, k, v, causal=causal))
+
+
+def _fa3_fp8_binder(fn, q, k, v, causal):
+    """fa3-fwd 0.0.3's FP8 forward; descales float32 (batch, heads_kv), ones (the inputs are N(0, 1) in e4m3)."""
+    ones = torch.ones(q.shape[0], k.shape[2], device=q.device, dtype=torch.float32)
+    return lambda: _first(fn(q, k, v, causal=causal, q_descale=ones, k_descale=ones, v_descale=ones))
+
+
+_fa3_unsupported = _hopper_only("FlashAttention-3 (fa3-fwd)")
+
+
+def _load_cudnn() -> Callable:
+    cudnn, reason = _lookup_module("cudnn")
+    if cudnn is None:
+        raise KernelUnavailable(reason)
+    if not hasattr(cudnn.pygraph, "sdpa_fp8"):
+        raise KernelUnavailable(f"cudnn frontend {getattr(cudnn, '__version__', '?')} has no pygraph.sdpa_fp8")
+    return cudnn
+
+
+@functools.cache
+def _lookup_module(module: str):
+    try:
+        return importlib.import_module(module), None
+    except Exception as exc:  # any import-time failure makes the kernel unavailable
+        return None, str(_import_failure(module, exc))
+
+
+# Note [cuDNN FP8 scales]
+# cuDNN's FP8 SDPA (nvidia-cudnn-frontend 1.32.0, `sdpa_fp8`) quantizes P with scale_s (and takes descale_s
+# after P@V) and the output with scale_o; on Hopper O is e4m3 (BF16 O is Blackwell-only). The bench uses FA4's
+# rule for P, scale_s = 2^8 (P <= 1 becomes <= 256 < 448, the tail stays normal down to 2^-14), and scale_o =
+# 2^6: |O| <= max|v| < 7 for N(0, 1) V, 7 * 64 = 448, while long rows' outputs (rms sqrt(e / L), 0.009 at 32K)
+# stay normal (>= 2^-6 / 64). The gate divides scale_o out (KernelSpec.output_scale); descales q/k/v are 1.
+# Causal is top-left in cuDNN's sdpa_fp8 (bottom-right is not supported): the bench's shapes are square,
+# where the two coincide; a non-square causal call raises instead of measuring another mask.
+def _cudnn_fp8_binder(cudnn, q, k, v, causal):
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if causal and seqlen_q != seqlen_k:
+        raise ValueError(f"cudnn_fp8: causal masks are top-left only in cuDNN's sdpa_fp8; seqlen_q {seqlen_q} != "
+                         f"seqlen_k {seqlen_k} would measure a different mask than FlashAttention's bottom-right one")
+    e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    handle = _cudnn_handle(cudnn, q.device.index)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+
+    def bhsd(t):  # FlashAttention's (b, s, h, d) memory described as cuDNN's (b, h, s, d)
+        b, s, h, d = t.shape
+        return graph.tensor(dim=(b, h, s, d), stride=(s * h * d, d, h * d, 1), data_type=e4m3)
+
+    tq, tk, tv = bhsd(q), bhsd(k), bhsd(v)
+    scalar = dict(dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
+    names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
+    scale_tensors = {name: graph.tensor(name=name, **scalar) for name in names}
+    out_t, _, amax_s_t, amax_o_t = graph.sdpa_fp8(
+        q=tq, k=tk, v=tv, **scale_tensors, is_inference=True, attn_scale=head_dim**-0.5, use_causal_mask=causal)
+    out = torch.empty(batch, seqlen_q, heads_q, head_dim, device=q.device, dtype=torch.float8_e4m3fn)
+    out_t.set_output(True).set_dim((batch, heads_q, seqlen_q, head_dim)).set_stride(
+        (seqlen_q * heads_q * head_dim, head_dim, heads_q * head_dim, 1)).set_data_type(e4m3)
+    for amax in (amax_s_t, amax_o_t):
+        amax.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    values = {"descale_q": 1.0, "descale_k": 1.0, "descale_v": 1.0, "descale_s": 1.0 / CUDNN_SCALE_S,
+              "scale_s": CUDNN_SCALE_S, "scale_o": CUDNN_SCALE_O}
+    pack = {scale_tensors[name]: torch.full((1, 1, 1, 1), value, device=q.device, dtype=torch.float32)
+            for name, value in values.items()}
+    amaxes = [torch.empty(1, 1, 1, 1, device=q.device, dtype=torch.float32) for _ in range(2)]
+    pack.update({tq: q, tk: k, tv: v, out_t: out, amax_s_t: amaxes[0], amax_o_t: amaxes[1]})
+    workspace = torch.empty(graph.get_workspace_size(), device=q.device, dtype=torch.uint8)
+
+    def launch():
+        graph.execute(pack, workspace, handle=handle)
+        return out
+    return launch
+
+
+@functools.cache
+def _cudnn_handle(cudnn, device_index):
+    return cudnn.create_handle()
+
+
+FP8_SM90_ENTRY = ("fa4_rowmax.fp8_sm90", "flash_attn_fp8_sm90")
+
+
+def _load_fp8_sm90() -> Callable:
+    return _load(*FP8_SM90_ENTRY)
+
+
+def _load_fp8_sm90_probe() -> Callable:
+    fn = _load_fp8_sm90()
+    if missing_kwargs(fn, ("exp2_deleted",)):
+        raise KernelUnavailable("flash_attn_fp8_sm90 has no exp2_deleted argument (the cost probe)")
+    return fn
+
+
+def _fp8_sm90_binder(knobs: dict) -> Callable:
+    def bind(fn, q, k, v, causal):
+        return lambda: _first(fn(q, k, v, causal=causal, **knobs))
+    return bind
+
+
+def fp8_h15_map_name(threshold: float, beta: float) -> str:
+    return f"fa4_fp8_h15_t{threshold:g}_b{beta:g}"
+
+
 def _build_table() -> dict[str, KernelSpec]:
     specs = [KernelSpec(BASELINE, "fa4", "exact", (), _EXACT_TOL, _load_fa4, _fa4_binder({}), _fa4_unsupported),
              KernelSpec("fa4_h15", "fa4", "rowmax_h15", (("softmax_mode", "rowmax_h15"),), _H15_TOL,
@@ -225,12 +453,44 @@ def _build_table() -> dict[str, KernelSpec]:
         specs.append(KernelSpec(f"aiter_mxfp8_{dot_mode}", "aiter_fused", "fused_softmax",
                                 (("mx_format", "mxfp8"), ("exact", False), ("dot_mode", dot_mode)), aiter_tol["mxfp8"],
                                 _load_aiter, _aiter_binder("mxfp8", False, dot_mode), _always_supported))
+    specs += _fp8_specs()
     sdpa_tol = {d: t for d, t in _EXACT_TOL.items() if d != "fp8"}  # SDPA takes no FP8 inputs
     specs += [KernelSpec("sdpa_cudnn", "sdpa", "exact", (("backend", "CUDNN_ATTENTION"),), sdpa_tol, _load_sdpa,
                          _sdpa_binder("CUDNN_ATTENTION"), _always_supported),
               KernelSpec("sdpa_flash", "sdpa", "exact", (("backend", "FLASH_ATTENTION"),), sdpa_tol, _load_sdpa,
                          _sdpa_binder("FLASH_ATTENTION"), _always_supported)]
     return {spec.name: spec for spec in specs}
+
+
+def _fp8_specs() -> list[KernelSpec]:
+    """The FP8 ceiling and peers (../shared/notes/fp8_sm90.md) and the FP8 SM90 kernel's rows."""
+    fp8_exact_tol = {"fp8": _EXACT_TOL["fp8"]}
+    specs = [
+        KernelSpec("gemm_fp8", "ceiling", "gemm", (("n", GEMM_CEILING_N), ("dtype", "e4m3")), {"fp8": math.inf},
+                   _load_gemm, _gemm_binder, _always_supported, checked=False, flops=GEMM_CEILING_FLOPS),
+        KernelSpec("fa3_bf16", "fa3", "exact", (), _BF16_PEER_TOL, _load_fa3, _upcast_fp8(_fa3_bf16_binder),
+                   _fa3_unsupported),
+        KernelSpec("fa3_fp8", "fa3", "exact", (("descales", "ones"),), fp8_exact_tol, _load_fa3, _fa3_fp8_binder,
+                   _fa3_unsupported),
+        KernelSpec("cudnn_fp8", "cudnn", "exact", (("scale_s", CUDNN_SCALE_S), ("scale_o", CUDNN_SCALE_O),
+                                                   ("causal", "top-left (square shapes only)")),
+                   _CUDNN_FP8_TOL, _load_cudnn, _cudnn_fp8_binder, _always_supported, output_scale=CUDNN_SCALE_O),
+        KernelSpec("fa4_stock_bf16", "fa4", "exact", (("inputs", "FP8 upcast to BF16"),), _BF16_PEER_TOL, _load_fa4,
+                   _upcast_fp8(_fa4_binder({})), _always_supported),
+    ]
+    fp8_sm90 = _hopper_only("fa4_rowmax.fp8_sm90")
+    variants = [("fa4_fp8_exact", {"softmax_mode": "exact"}),
+                ("fa4_fp8_h15", {"softmax_mode": "rowmax_h15"})]
+    variants += [(fp8_h15_map_name(t, b), {"softmax_mode": "rowmax_h15", "rescale_threshold": t, "beta": b})
+                 for t in FP8_H15_THRESHOLDS for b in FP8_H15_BETAS]
+    for name, knobs in variants:
+        tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
+        specs.append(KernelSpec(name, "fa4_fp8", knobs["softmax_mode"], tuple(knobs.items()), {"fp8": tol["fp8"]},
+                                _load_fp8_sm90, _fp8_sm90_binder(knobs), fp8_sm90))
+    probe = {"softmax_mode": "exact", "exp2_deleted": True}  # wrong values by design: the no-MUFU ceiling
+    specs.append(KernelSpec("fa4_fp8_exact_noexp", "fa4_fp8", "exact", tuple(probe.items()), fp8_exact_tol,
+                            _load_fp8_sm90_probe, _fp8_sm90_binder(probe), fp8_sm90, checked=False))
+    return specs
 
 
 def h15_map_name(threshold: float, beta: float) -> str:
@@ -241,5 +501,11 @@ KERNELS: dict[str, KernelSpec] = _build_table()
 MAP_KERNELS = tuple(h15_map_name(t, b) for t in H15_THRESHOLDS for b in H15_BETAS)
 # Opt-in rows (`--kernels 'aiter_mxfp8_*'`): one format is enough, the dot mode's cost is format-independent.
 DOT_MODE_KERNELS = tuple(f"aiter_mxfp8_{mode}" for mode in AITER_DOT_MODE_VARIANTS)
-DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS)
+FP8_MAP_KERNELS = tuple(fp8_h15_map_name(t, b) for t in FP8_H15_THRESHOLDS for b in FP8_H15_BETAS)
+# The --fp8 preset's rows (FP8 groups only; the map at the focus shape), FA4 stock BF16 and FA3 BF16 as BF16 peers.
+FP8_KERNELS = ("gemm_fp8", "fa3_fp8", "cudnn_fp8", "fa4_fp8_exact", "fa4_fp8_exact_noexp", "fa4_fp8_h15",
+               "fa4_stock_bf16", "fa3_bf16")
+# FP8-only rows stay out of the 16-bit groups; fa3_bf16 is a BF16 peer everywhere.
+_FP8_ONLY = tuple(name for name in FP8_KERNELS + FP8_MAP_KERNELS if name != "fa3_bf16")
+DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS + _FP8_ONLY)
 QUICK_KERNELS = (BASELINE, "fa4_h15", "aiter_mxfp8", "sdpa_cudnn")

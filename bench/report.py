@@ -13,7 +13,8 @@ import os
 import re
 import sys
 
-from bench.kernels import BASELINE, H15_BETAS, H15_THRESHOLDS, KERNELS, MAP_KERNELS, KernelSpec, h15_map_name
+from bench.kernels import (BASELINE, H15_BETAS, H15_THRESHOLDS, KERNELS, MAP_KERNELS, RATIO_PEERS,
+                           KernelSpec, h15_map_name)
 from bench.sweep import FOCUS_SEQLEN, HEADS_Q, TOKENS, Shape, format_seqlen
 
 STATUSES = ("ok", "check_failed", "unsupported", "unavailable", "error", "skipped")
@@ -35,7 +36,7 @@ def new_row(shape: Shape, spec: KernelSpec) -> dict:
         "head_dim": shape.head_dim, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv, "batch": shape.batch,
         "status": "skipped", "reason": "", "median_ms": None, "ms_q1": None, "ms_q3": None, "tflops": None,
         "speedup_vs_fa4_stock": None, "speedup_spread": None, "round_speedups": None, "check": None,
-        "first_call_s": None, "timed_calls": 0,
+        "first_call_s": None, "timed_calls": 0, **{f"speedup_vs_{peer}": None for peer in RATIO_PEERS},
     }
 
 
@@ -137,6 +138,32 @@ def map_pivot(rows: list[dict], mask: str) -> str | None:
     return "\n".join(lines)
 
 
+def fp8_cell(row: dict) -> str:
+    """'905 TF, 1.02x FA3-FP8, 1.41x FA4 BF16' for a timed FP8 row, else its status."""
+    if row["status"] != "ok":
+        return speedup_cell(row)
+    ratios = [f"{row[f'speedup_vs_{peer}']:.2f}x {peer}" for peer in RATIO_PEERS
+              if row.get(f"speedup_vs_{peer}") is not None]
+    return ", ".join([f"{row['tflops']:.0f} TF"] + ratios)
+
+
+def fp8_pivot(rows: list[dict], mask: str, head_dim: int, heads_kv: int) -> str | None:
+    """Kernels x seqlens of the FP8 rows of one (mask, head dim, heads_kv): TFLOPS and the ratios to the
+    RATIO_PEERS (FA3-FP8, FA4 stock BF16) from the same interleaved rounds."""
+    chosen = [r for r in rows if r["dtype"] == "fp8" and r["mask"] == mask and r["head_dim"] == head_dim
+              and r["heads_kv"] == heads_kv and r["heads_q"] == HEADS_Q]
+    if not chosen:
+        return None
+    seqlens = sorted({r["seqlen"] for r in chosen})
+    kernels = list(dict.fromkeys(r["kernel"] for r in chosen))
+    cell = {(r["kernel"], r["seqlen"]): r for r in chosen}
+    lines = ["| kernel | " + " | ".join(format_seqlen(s) for s in seqlens) + " |", "| --- |" + " --- |" * len(seqlens)]
+    for kernel in kernels:
+        cells = [_md_escape(fp8_cell(cell[(kernel, s)])) if (kernel, s) in cell else "" for s in seqlens]
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def rows_table(rows: list[dict]) -> str:
     lines = ["| kernel | mask | dtype | seqlen | d | heads q/kv | batch | median ms | TFLOPS | speed-up vs FA4 stock "
              "[IQR] | gate rel. err (tol) | note |",
@@ -193,7 +220,7 @@ def tolerance_line(kernel_names) -> str:
     present = set(kernel_names)
     by_tolerance: dict[tuple, list[str]] = {}
     for spec in KERNELS.values():
-        if spec.name in present and spec.name not in MAP_KERNELS:
+        if spec.name in present and spec.name not in MAP_KERNELS and spec.checked:
             by_tolerance.setdefault(tuple(spec.tolerances.items()), []).append(spec.name)
     mapped = [KERNELS[name] for name in MAP_KERNELS if name in present]
     if mapped:
@@ -219,6 +246,14 @@ def markdown_report(doc: dict) -> str:
         if table:
             parts += [f"## fa4_h15: rescale_threshold x beta at {format_seqlen(FOCUS_SEQLEN)}, {mask}, bf16, "
                       "head dim 128 (speed-up vs FA4 stock)", "", table, ""]
+    fp8_shapes = sorted({(r["head_dim"], r["heads_kv"]) for r in rows if r["dtype"] == "fp8"}, reverse=True)
+    for head_dim, heads_kv in fp8_shapes:
+        for mask in ("causal", "non-causal"):
+            table = fp8_pivot(rows, mask, head_dim, heads_kv)
+            if table:
+                parts += [f"## FP8: {mask}, head dim {head_dim}, heads {HEADS_Q}/{heads_kv} (TFLOPS; ratios from "
+                          "the same rounds; gemm_fp8 is the e4m3 GEMM ceiling, fa4_fp8_exact_noexp a cost probe)",
+                          "", table, ""]
     parts += ["## All rows", "", rows_table(rows), ""]
     return "\n".join(parts)
 

@@ -18,7 +18,7 @@ import fnmatch
 import re
 from typing import Iterable, Sequence
 
-from bench.kernels import BASELINE, DEFAULT_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS
+from bench.kernels import BASELINE, DEFAULT_KERNELS, FP8_KERNELS, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS
 
 TOKENS = 32 * 1024
 HEADS_Q = 16
@@ -29,6 +29,11 @@ FULL_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
 DTYPES = ("bf16", "fp16", "fp8")
 MASKS = ("causal", "non-causal")
 MAP_MASK_CHOICES = ("causal", "non-causal", "both", "none")
+# The --fp8 preset (issue 11): FP8 inputs over these, both masks, MHA and GQA 16/4; the FP8 H15 map at the
+# focus seqlen, head dim 128, MHA.
+FP8_SEQLENS = (2048, 4096, 8192, 16384, 32768)
+FP8_HEAD_DIMS = (128, 64)
+FP8_FOCUS_SEQLENS = (8192, 16384)  # the goal's shapes (head dim 128), run first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +130,7 @@ def select_kernels(patterns: Iterable[str], names: Sequence[str]) -> list[str]:
 
 
 def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seqlens: Sequence[int] | None = None,
-               map_masks: str = "causal") -> list[Group]:
+               map_masks: str = "causal", fp8: bool = False) -> list[Group]:
     """The groups to run, most informative first (so a run cut short by its time budget keeps them).
 
     quick: bf16, head dim 128, MHA, both masks at `seqlens` (default 8K and 2K), `QUICK_KERNELS`.
@@ -133,12 +138,17 @@ def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seq
            map (`MAP_KERNELS`) for the masks in `map_masks`, then FP8 at 8K, then the bf16 hd128 MHA sweep
            over the other seqlens, then the 8K variants (fp16, head dim 64, GQA 16/4). The variants only
            come with 8K in `seqlens`.
+    fp8:   FP8 inputs only, `FP8_KERNELS` (the FP8 GEMM ceiling, FA3 FP8 and BF16, cuDNN FP8, FA4 stock on the
+           inputs upcast to BF16, the FP8 SM90 kernel) at head dims 128 and 64, `seqlens` (default 2K-32K), both
+           masks, MHA and GQA 16/4; the 8K and 16K head dim 128 MHA groups first, the FP8 H15 map
+           (`FP8_MAP_KERNELS`) at 8K head dim 128 MHA for the masks in `map_masks`.
     `kernel_patterns` replaces the preset's kernel choice (same list at every group); the baseline is
     always kept because every speed-up is quoted against it.
     """
     if map_masks not in MAP_MASK_CHOICES:
         raise ValueError(f"map_masks must be one of {MAP_MASK_CHOICES}, got {map_masks!r}")
-    seqlens = list(QUICK_SEQLENS if quick else FULL_SEQLENS) if seqlens is None else list(seqlens)
+    default_seqlens = QUICK_SEQLENS if quick else FP8_SEQLENS if fp8 else FULL_SEQLENS
+    seqlens = list(default_seqlens) if seqlens is None else list(seqlens)
     if not seqlens or any(not isinstance(s, int) or s < 1 for s in seqlens):
         raise ValueError(f"seqlens must be a non-empty list of positive ints, got {seqlens!r}")
     seqlens = list(dict.fromkeys(seqlens))  # a repeated seqlen would make two groups of one shape
@@ -152,8 +162,12 @@ def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seq
         return Group(shape, tuple(chosen if chosen is not None else preset))
 
     masks = (True, False)
+    if quick and fp8:
+        raise ValueError("quick and fp8 are two presets; choose one")
     if quick:
         return [group(make_shape(s, c), QUICK_KERNELS) for s in seqlens for c in masks]
+    if fp8:
+        return _fp8_plan(seqlens, map_masks, group)
 
     map_causal = {"causal": (True,), "non-causal": (False,), "both": (True, False), "none": ()}[map_masks]
     plan: list[Group] = []
@@ -161,9 +175,24 @@ def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seq
         for c in masks:
             with_map = list(DEFAULT_KERNELS) + (list(MAP_KERNELS) if c in map_causal else [])
             plan.append(group(make_shape(FOCUS_SEQLEN, c), with_map))
-        plan += [group(make_shape(FOCUS_SEQLEN, c, dtype="fp8"), DEFAULT_KERNELS) for c in masks]
+        fp8_kernels = list(DEFAULT_KERNELS) + [k for k in FP8_KERNELS if k not in DEFAULT_KERNELS]
+        plan += [group(make_shape(FOCUS_SEQLEN, c, dtype="fp8"), fp8_kernels) for c in masks]
     plan += [group(make_shape(s, c), DEFAULT_KERNELS) for s in seqlens if s != FOCUS_SEQLEN for c in masks]
     if FOCUS_SEQLEN in seqlens:
         variants = [dict(dtype="fp16"), dict(head_dim=64), dict(heads_kv=GQA_HEADS_KV)]
         plan += [group(make_shape(FOCUS_SEQLEN, c, **v), DEFAULT_KERNELS) for v in variants for c in masks]
+    return plan
+
+
+def _fp8_plan(seqlens: list[int], map_masks: str, group) -> list[Group]:
+    map_causal = {"causal": (True,), "non-causal": (False,), "both": (True, False), "none": ()}[map_masks]
+    kernels = (BASELINE,) + FP8_KERNELS
+    shapes = [make_shape(s, c, dtype="fp8", head_dim=d, heads_kv=kv)
+              for d in FP8_HEAD_DIMS for kv in (HEADS_Q, GQA_HEADS_KV) for s in seqlens for c in (True, False)]
+    # the goal's shapes first, so a run cut short by its time budget keeps them
+    first = [s for s in shapes if s.head_dim == 128 and not s.is_gqa and s.seqlen in FP8_FOCUS_SEQLENS]
+    plan = []
+    for shape in first + [s for s in shapes if s not in first]:
+        with_map = shape.seqlen == FOCUS_SEQLEN and shape.head_dim == 128 and not shape.is_gqa and shape.causal in map_causal
+        plan.append(group(shape, kernels + (FP8_MAP_KERNELS if with_map else ())))
     return plan
