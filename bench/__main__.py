@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fp8", action="store_true",
                         help="FP8 inputs, head dim 128/64, 2K-32K, both masks, MHA and GQA 16/4: the FP8 GEMM "
                              "ceiling, FA3 FP8/BF16, cuDNN FP8, FA4 stock BF16 (on the upcast inputs), the FP8 SM90 "
-                             "kernel (exact, exp2 deleted, H15 and its threshold x beta map at 8K)")
+                             "kernel (exact, exp2 deleted, H15 and its threshold x anchor x tile map at 8K)")
     parser.add_argument("--kernels", nargs="+", metavar="PATTERN",
                         help="kernel names or shell patterns (e.g. 'fa4_h15*'); replaces the preset's choice; "
                              f"{BASELINE} is always added")
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls-per-round", type=_positive_int, default=3, help="timed calls per kernel per round")
     parser.add_argument("--warmup", type=_nonnegative_int, default=2, help="untimed calls per kernel after its check")
     parser.add_argument("--map-masks", choices=MAP_MASK_CHOICES, default="causal",
-                        help="masks that get the fa4_h15 threshold x beta map at 8K (full run)")
+                        help="masks that get the fa4_h15 threshold x beta map at 8K (full run), or the FP8 H15 map (--fp8)")
     parser.add_argument("--max-minutes", type=float,
                         help="stop compiling new kernels after this much wall time; the rest become 'skipped'")
     parser.add_argument("--resume", action="store_true",
@@ -148,7 +148,7 @@ def describe_kernels(names: tuple[str, ...]) -> str:
     mapped = sum(n in MAP_KERNELS for n in names)
     fp8_mapped = sum(n in FP8_MAP_KERNELS for n in names)
     return (", ".join(plain) + (f", fa4_h15_t*_b* ({mapped} map points)" if mapped else "")
-            + (f", fa4_fp8_h15_t*_b* ({fp8_mapped} map points)" if fp8_mapped else ""))
+            + (f", fa4_fp8_h15*_t*_n* ({fp8_mapped} map points)" if fp8_mapped else ""))
 
 
 def print_plan(plan: list[Group], settings: dict) -> None:

@@ -113,10 +113,13 @@ HOPPER_LEVERS = {
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
-# The FP8 SM90 kernel (fa4_rowmax.fp8_sm90): exact twin, its exp2-deleted cost probe, Rowmax-H15 and its map.
-# FA4's range rule with max_offset 8 leaves rescale_threshold < 0.472 for H15 in e4m3 (config.py).
+# The FP8 SM90 kernel (fa4_rowmax.fp8_sm90): exact twin, its exp2-deleted cost probe, Rowmax-H15 and its map
+# over its knobs: rescale_threshold (FA4's range rule with max_offset 8 leaves < 0.472 for H15 in e4m3,
+# config.py), the folded half-octave anchor, and the KV tile (the kernel takes 128-224; FA3 uses 224 for FP8
+# hd128). It takes no beta yet (fp8_sm90.resolve_stage refuses one), so the map has no beta axis.
 FP8_H15_THRESHOLDS = (0.0, 0.4)
-FP8_H15_BETAS = (0.5, 1.0)
+FP8_ANCHOR_ROUNDINGS = ("exact", "half_octave")
+FP8_TILE_NS = (128, 224)
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
 GEMM_CEILING_N = 8192
@@ -408,15 +411,15 @@ def _cudnn_handle(cudnn, device_index):
 FP8_SM90_ENTRY = ("fa4_rowmax.fp8_sm90", "flash_attn_fp8_sm90")
 
 
-def _load_fp8_sm90() -> Callable:
-    return _load(*FP8_SM90_ENTRY)
-
-
-def _load_fp8_sm90_probe() -> Callable:
-    fn = _load_fp8_sm90()
-    if missing_kwargs(fn, ("exp2_deleted",)):
-        raise KernelUnavailable("flash_attn_fp8_sm90 has no exp2_deleted argument (the cost probe)")
-    return fn
+def _fp8_sm90_loader(knobs: dict) -> Callable:
+    """The FP8 SM90 entry, unavailable when it lacks one of `knobs`' arguments."""
+    def load() -> Callable:
+        fn = _load(*FP8_SM90_ENTRY)
+        missing = missing_kwargs(fn, tuple(knobs))
+        if missing:
+            raise KernelUnavailable(f"flash_attn_fp8_sm90 has no {', '.join(missing)} argument")
+        return fn
+    return load
 
 
 def _fp8_sm90_binder(knobs: dict) -> Callable:
@@ -425,8 +428,8 @@ def _fp8_sm90_binder(knobs: dict) -> Callable:
     return bind
 
 
-def fp8_h15_map_name(threshold: float, beta: float) -> str:
-    return f"fa4_fp8_h15_t{threshold:g}_b{beta:g}"
+def fp8_h15_map_name(threshold: float, anchor_rounding: str, tile_n: int) -> str:
+    return f"fa4_fp8_h15{'_fold' if anchor_rounding == 'half_octave' else ''}_t{threshold:g}_n{tile_n}"
 
 
 def _build_table() -> dict[str, KernelSpec]:
@@ -480,16 +483,18 @@ def _fp8_specs() -> list[KernelSpec]:
     ]
     fp8_sm90 = _hopper_only("fa4_rowmax.fp8_sm90")
     variants = [("fa4_fp8_exact", {"softmax_mode": "exact"}),
+                (f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}", {"softmax_mode": "exact", "tile_n": FP8_TILE_NS[-1]}),
                 ("fa4_fp8_h15", {"softmax_mode": "rowmax_h15"})]
-    variants += [(fp8_h15_map_name(t, b), {"softmax_mode": "rowmax_h15", "rescale_threshold": t, "beta": b})
-                 for t in FP8_H15_THRESHOLDS for b in FP8_H15_BETAS]
+    variants += [(fp8_h15_map_name(t, a, n), {"softmax_mode": "rowmax_h15", "rescale_threshold": t,
+                                              "anchor_rounding": a, "tile_n": n})
+                 for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS for n in FP8_TILE_NS]
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(KernelSpec(name, "fa4_fp8", knobs["softmax_mode"], tuple(knobs.items()), {"fp8": tol["fp8"]},
-                                _load_fp8_sm90, _fp8_sm90_binder(knobs), fp8_sm90))
+                                _fp8_sm90_loader(knobs), _fp8_sm90_binder(knobs), fp8_sm90))
     probe = {"softmax_mode": "exact", "exp2_deleted": True}  # wrong values by design: the no-MUFU ceiling
     specs.append(KernelSpec("fa4_fp8_exact_noexp", "fa4_fp8", "exact", tuple(probe.items()), fp8_exact_tol,
-                            _load_fp8_sm90_probe, _fp8_sm90_binder(probe), fp8_sm90, checked=False))
+                            _fp8_sm90_loader(probe), _fp8_sm90_binder(probe), fp8_sm90, checked=False))
     return specs
 
 
@@ -501,10 +506,11 @@ KERNELS: dict[str, KernelSpec] = _build_table()
 MAP_KERNELS = tuple(h15_map_name(t, b) for t in H15_THRESHOLDS for b in H15_BETAS)
 # Opt-in rows (`--kernels 'aiter_mxfp8_*'`): one format is enough, the dot mode's cost is format-independent.
 DOT_MODE_KERNELS = tuple(f"aiter_mxfp8_{mode}" for mode in AITER_DOT_MODE_VARIANTS)
-FP8_MAP_KERNELS = tuple(fp8_h15_map_name(t, b) for t in FP8_H15_THRESHOLDS for b in FP8_H15_BETAS)
+FP8_MAP_KERNELS = tuple(fp8_h15_map_name(t, a, n) for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS
+                        for n in FP8_TILE_NS)
 # The --fp8 preset's rows (FP8 groups only; the map at the focus shape), FA4 stock BF16 and FA3 BF16 as BF16 peers.
-FP8_KERNELS = ("gemm_fp8", "fa3_fp8", "cudnn_fp8", "fa4_fp8_exact", "fa4_fp8_exact_noexp", "fa4_fp8_h15",
-               "fa4_stock_bf16", "fa3_bf16")
+FP8_KERNELS = ("gemm_fp8", "fa3_fp8", "cudnn_fp8", "fa4_fp8_exact", f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}",
+               "fa4_fp8_exact_noexp", "fa4_fp8_h15", "fa4_stock_bf16", "fa3_bf16")
 # FP8-only rows stay out of the 16-bit groups; fa3_bf16 is a BF16 peer everywhere.
 _FP8_ONLY = tuple(name for name in FP8_KERNELS + FP8_MAP_KERNELS if name != "fa3_bf16")
 DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS + _FP8_ONLY)

@@ -521,7 +521,7 @@ def test_cli_fp8_dry_run_and_preset_conflict(capsys):
     rc, out, _ = cli_main(capsys, "--fp8", "--dry-run")
     assert rc == 0 and out.startswith("settings: preset=fp8") and "40 groups" in out
     assert "8K causal fp8 d128 h16 b4" in out and "32K non-causal fp8 d64 h16/4 b1" in out
-    assert out.count("fa4_fp8_h15_t*_b* (4 map points)") == 1
+    assert out.count("fa4_fp8_h15*_t*_n* (8 map points)") == 1
     rc, _, err = cli_main(capsys, "--fp8", "--quick", "--dry-run")
     assert rc == 2 and "two presets" in err
 
@@ -542,8 +542,10 @@ def test_fp8_kernel_rows_and_support_rules():
     assert not gemm.checked and gemm.flops == GEMM_CEILING_FLOPS == 2 * 8192**3
     assert not probe.checked and probe.flops is None and dict(probe.knobs)["exp2_deleted"] is True
     assert all(KERNELS[name].checked for name in ("fa3_fp8", "cudnn_fp8", "fa4_fp8_h15"))
-    assert dict(KERNELS["fa4_fp8_h15_t0.4_b0.5"].knobs) == {"softmax_mode": "rowmax_h15", "rescale_threshold": 0.4,
-                                                            "beta": 0.5}
+    assert len(FP8_MAP_KERNELS) == 8
+    assert dict(KERNELS["fa4_fp8_h15_fold_t0.4_n224"].knobs) == {"softmax_mode": "rowmax_h15", "rescale_threshold": 0.4,
+                                                                 "anchor_rounding": "half_octave", "tile_n": 224}
+    assert "fa4_fp8_h15_t0_n128" in FP8_MAP_KERNELS and dict(KERNELS["fa4_fp8_exact_n224"].knobs)["tile_n"] == 224
     cudnn = KERNELS["cudnn_fp8"]
     assert torch.equal(cudnn.output_for_check(torch.full((2,), 64.0).to(torch.float8_e4m3fn)), torch.ones(2))
     assert CUDNN_SCALE_O == 64 and "top-left" in dict(cudnn.knobs)["causal"]
