@@ -16,6 +16,7 @@ element, which instruction sequence builds the weight:
 
 import math
 from fractions import Fraction
+from typing import NamedTuple
 
 from cutlass import Float32
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -82,13 +83,32 @@ def off_mufu(index: int, count: int, beta: float) -> bool:
     return math.floor((index + 1) * share) > math.floor(index * share)
 
 
-def _asm_f32(ptx: str, *args: Float32, loc=None, ip=None) -> Float32:
+# Note [PTX fragments are data]
+# Every inline PTX string of the stages comes from a pure builder marked `@ptx_fragment` that returns an
+# `InlineAsm` (the text and its constraint string); the `dsl_user_op` wrappers only bind operands to it. So
+# the strings the kernels emit can be run without cutlass tracing: tests/test_ptx_fragments.py finds every
+# marked builder in fa4_rowmax/stage/, executes it through fa4_rowmax/stage/ptx_interp.py against the
+# closed-form reference, and fails on a builder it has no check for, or on an `inline_asm` call whose text
+# does not come from a builder.
+class InlineAsm(NamedTuple):
+    """One inline-PTX fragment as `llvm.inline_asm` takes it: outputs `=f` then inputs `f`, numbered $0, $1, ..."""
+
+    ptx: str
+    constraints: str
+
+
+def ptx_fragment(builder):
+    """Mark a pure builder of one inline-PTX fragment; the tests find it by this mark (Note [PTX fragments are data])."""
+    return builder
+
+
+def _asm_f32(asm: InlineAsm, *args: Float32, loc=None, ip=None) -> Float32:
     return Float32(
         llvm.inline_asm(
             T.f32(),
             [Float32(a).ir_value(loc=loc, ip=ip) for a in args],
-            ptx,
-            "=f" + ",f" * len(args),
+            asm.ptx,
+            asm.constraints,
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -130,18 +150,22 @@ _H15_MUFU_SNAP = (
 )
 
 
+@ptx_fragment
+def h15_alu_asm() -> InlineAsm:
+    """H(x) from fp32 bits: clamp, round-add, shift-add (Note [H15 in fp32 bits])."""
+    return InlineAsm(_REGS_T_B + _H15_CLAMP_ROUND + _H15_SHIFT_ADD, "=f,f")
+
+
 @dsl_user_op
 def h15_alu(x: Float32, *, loc=None, ip=None) -> Float32:
     """H(x) from fp32 bits: clamp, round-add, shift-add (Note [H15 in fp32 bits])."""
-    return _asm_f32(_REGS_T_B + _H15_CLAMP_ROUND + _H15_SHIFT_ADD, x, loc=loc, ip=ip)
+    return _asm_f32(h15_alu_asm(), x, loc=loc, ip=ip)
 
 
-@dsl_user_op
-def h15_alu_pair(x: Float32, y: Float32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
-    """H of two elements with one packed round-add (FADD2, SM100 and later)."""
-    out = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32(), T.f32()]),
-        [Float32(x).ir_value(loc=loc, ip=ip), Float32(y).ir_value(loc=loc, ip=ip)],
+@ptx_fragment
+def h15_alu_pair_asm() -> InlineAsm:
+    """H of two elements ($2, $3 -> $0, $1) with one packed round-add (FADD2, SM100 and later)."""
+    return InlineAsm(
         "{\n\t.reg .f32 c0, c1, r;\n\t.reg .b64 xy, rr, sum;\n\t.reg .b32 b0, b1;\n\t"
         f"max.ftz.f32 c0, $2, {_H15_CLAMP_HEX};\n\t"
         f"max.ftz.f32 c1, $3, {_H15_CLAMP_HEX};\n\t"
@@ -157,6 +181,18 @@ def h15_alu_pair(x: Float32, y: Float32, *, loc=None, ip=None) -> tuple[Float32,
         "mov.b32 $0, b0;\n\t"
         "mov.b32 $1, b1;\n\t}\n",
         "=f,=f,f,f",
+    )
+
+
+@dsl_user_op
+def h15_alu_pair(x: Float32, y: Float32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """H of two elements with one packed round-add (FADD2, SM100 and later)."""
+    asm = h15_alu_pair_asm()
+    out = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32(), T.f32()]),
+        [Float32(x).ir_value(loc=loc, ip=ip), Float32(y).ir_value(loc=loc, ip=ip)],
+        asm.ptx,
+        asm.constraints,
         has_side_effects=False,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -167,40 +203,60 @@ def h15_alu_pair(x: Float32, y: Float32, *, loc=None, ip=None) -> tuple[Float32,
     )
 
 
+@ptx_fragment
+def h15_mufu_asm() -> InlineAsm:
+    """H(x) through ex2.approx of Q_half(x), snapped to the lattice (Note [H15 through the MUFU])."""
+    return InlineAsm(_REGS_T_B + _H15_CLAMP_ROUND + _H15_MUFU_SNAP, "=f,f")
+
+
 @dsl_user_op
 def h15_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
     """H(x) through ex2.approx of Q_half(x), snapped to the lattice (Note [H15 through the MUFU])."""
-    return _asm_f32(_REGS_T_B + _H15_CLAMP_ROUND + _H15_MUFU_SNAP, x, loc=loc, ip=ip)
+    return _asm_f32(h15_mufu_asm(), x, loc=loc, ip=ip)
+
+
+@ptx_fragment
+def h15_anchor_addend_asm() -> InlineAsm:
+    """fl(1.5 * 2^22 - row_max * scale_log2) of ($1, $2), one FFMA (Note [Folded H15 with a half-octave anchor])."""
+    return InlineAsm(
+        f"{{\n\t.reg .f32 m;\n\tneg.f32 m, $1;\n\tfma.rn.f32 $0, m, $2, {_H15_ROUND_HEX};\n\t}}\n", "=f,f,f"
+    )
 
 
 @dsl_user_op
 def h15_anchor_addend(row_max: Float32, scale_log2: Float32, *, loc=None, ip=None) -> Float32:
     """fl(1.5 * 2^22 - row_max * scale_log2), one FFMA (Note [Folded H15 with a half-octave anchor])."""
-    return _asm_f32(
-        f"{{\n\t.reg .f32 m;\n\tneg.f32 m, $1;\n\tfma.rn.f32 $0, m, $2, {_H15_ROUND_HEX};\n\t}}\n",
-        row_max,
-        scale_log2,
-        loc=loc,
-        ip=ip,
-    )
+    return _asm_f32(h15_anchor_addend_asm(), row_max, scale_log2, loc=loc, ip=ip)
+
+
+@ptx_fragment
+def h15_folded_alu_asm() -> InlineAsm:
+    """H(s * scale_log2 - a) of (s, scale_log2, addend) = ($1, $2, $3) (Note [Folded H15 with a half-octave anchor])."""
+    return InlineAsm(_REGS_T_B + _H15_FOLD_CLAMP + _H15_SHIFT_ADD, "=f,f,f,f")
 
 
 @dsl_user_op
 def h15_folded_alu(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
     """H(s * scale_log2 - a): FFMA onto the lattice, clamp, shift-add (Note [Folded H15 with a half-octave anchor])."""
-    return _asm_f32(_REGS_T_B + _H15_FOLD_CLAMP + _H15_SHIFT_ADD, s, scale_log2, addend, loc=loc, ip=ip)
+    return _asm_f32(h15_folded_alu_asm(), s, scale_log2, addend, loc=loc, ip=ip)
+
+
+@ptx_fragment
+def h15_folded_mufu_asm() -> InlineAsm:
+    """`h15_folded_alu_asm` through ex2.approx of the lattice point, snapped (Note [H15 through the MUFU])."""
+    return InlineAsm(_REGS_T_B + _H15_FOLD_CLAMP + _H15_MUFU_SNAP, "=f,f,f,f")
 
 
 @dsl_user_op
 def h15_folded_mufu(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
     """`h15_folded_alu` through ex2.approx of the lattice point, snapped (Note [H15 through the MUFU])."""
-    return _asm_f32(_REGS_T_B + _H15_FOLD_CLAMP + _H15_MUFU_SNAP, s, scale_log2, addend, loc=loc, ip=ip)
+    return _asm_f32(h15_folded_mufu_asm(), s, scale_log2, addend, loc=loc, ip=ip)
 
 
-@dsl_user_op
-def pot_alu(x: Float32, *, loc=None, ip=None) -> Float32:
+@ptx_fragment
+def pot_alu_asm() -> InlineAsm:
     """2^max(-K_max, round_half_even(x)) from fp32 bits; masked scores (-inf) stay 0."""
-    return _asm_f32(
+    return InlineAsm(
         "{\n\t.reg .f32 t;\n\t.reg .b32 b;\n\t.reg .pred masked;\n\t"
         f"max.ftz.f32 t, $1, {_POT_CLAMP_HEX};\n\t"
         f"add.rn.ftz.f32 t, t, {_POT_ROUND_HEX};\n\t"
@@ -210,16 +266,20 @@ def pot_alu(x: Float32, *, loc=None, ip=None) -> Float32:
         f"setp.eq.f32 masked, $1, {_NEG_INF_HEX};\n\t"
         "selp.b32 b, 0, b, masked;\n\t"
         "mov.b32 $0, b;\n\t}\n",
-        x,
-        loc=loc,
-        ip=ip,
+        "=f,f",
     )
 
 
 @dsl_user_op
-def pot_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
-    """`pot_alu` through ex2.approx of the rounded integer (exact for integers)."""
-    return _asm_f32(
+def pot_alu(x: Float32, *, loc=None, ip=None) -> Float32:
+    """2^max(-K_max, round_half_even(x)) from fp32 bits; masked scores (-inf) stay 0."""
+    return _asm_f32(pot_alu_asm(), x, loc=loc, ip=ip)
+
+
+@ptx_fragment
+def pot_mufu_asm() -> InlineAsm:
+    """`pot_alu_asm` through ex2.approx of the rounded integer (exact for integers)."""
+    return InlineAsm(
         "{\n\t.reg .f32 t;\n\t.reg .pred masked;\n\t"
         f"max.ftz.f32 t, $1, {_POT_CLAMP_HEX};\n\t"
         f"add.rn.ftz.f32 t, t, {_POT_ROUND_HEX};\n\t"
@@ -227,9 +287,22 @@ def pot_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
         "ex2.approx.ftz.f32 t, t;\n\t"
         f"setp.eq.f32 masked, $1, {_NEG_INF_HEX};\n\t"
         "selp.f32 $0, 0f00000000, t, masked;\n\t}\n",
-        x,
-        loc=loc,
-        ip=ip,
+        "=f,f",
+    )
+
+
+@dsl_user_op
+def pot_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
+    """`pot_alu` through ex2.approx of the rounded integer (exact for integers)."""
+    return _asm_f32(pot_mufu_asm(), x, loc=loc, ip=ip)
+
+
+@ptx_fragment
+def nan_row_weight_asm() -> InlineAsm:
+    """`$1 + max.NaN($2, 0) * 0` for (weight, row_max): the SM100 stage's `nan_row_weight`
+    (Note [NaN rows in the approximate modes on SM100] in softmax_sm100.py)."""
+    return InlineAsm(
+        "{\n\t.reg .f32 t;\n\tmax.NaN.f32 t, $2, 0f00000000;\n\tfma.rn.f32 $0, t, 0f00000000, $1;\n\t}\n", "=f,f,f"
     )
 
 

@@ -45,6 +45,7 @@ from fa4_rowmax.stage.softmax_base import (
     _asm_f32,
     h15_alu_pair,
     h15_mufu,
+    nan_row_weight_asm,
     pot_alu,
     pot_mufu,
 )
@@ -69,13 +70,7 @@ def fmax_nan(a: Float32, b: Float32, c: Float32 | None = None, *, loc=None, ip=N
 def nan_row_weight(weight: Float32, row_max: Float32, *, loc=None, ip=None) -> Float32:
     """`weight + max.NaN(row_max, 0) * 0`: NaN for a NaN or +inf row max, else `weight`
     (Note [NaN rows in the approximate modes on SM100])."""
-    return _asm_f32(
-        "{\n\t.reg .f32 t;\n\tmax.NaN.f32 t, $2, 0f00000000;\n\tfma.rn.f32 $0, t, 0f00000000, $1;\n\t}\n",
-        weight,
-        row_max,
-        loc=loc,
-        ip=ip,
-    )
+    return _asm_f32(nan_row_weight_asm(), weight, row_max, loc=loc, ip=ip)
 
 
 @dataclass
