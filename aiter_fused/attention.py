@@ -35,6 +35,7 @@ from fa4_rowmax.reference.fused_softmax import (
     operand_element_format,
     p_element_format,
 )
+from aiter_fused.launch import launch_for
 from fa4_rowmax.reference.mx import ELEMENT_FORMATS
 
 __all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "DOT_MODES", "HEAD_DIMS", "TILE_SIZES"]
@@ -70,18 +71,13 @@ def _check_tensors(q, k, v, rank: int, layout: str):
                          f"({heads_k}, {v.shape[-2]}, equal)")
 
 
-def _default_dot_mode(device: torch.device) -> str:
+def _default_dot_mode(arch: str) -> str:
     """Native MX dots ("scaled") on gfx950 (MI350/MI355) and NVIDIA compute capability >= 10; FP8 dots
     on capability 9.x (Hopper); BF16 dots on exactly dequantized operands elsewhere, the interpreter
-    included (see Note [MX dots, per architecture])."""
-    if device.type != "cuda":
-        return "bf16"
-    props = torch.cuda.get_device_properties(device)
-    if getattr(torch.version, "hip", None):
-        return "scaled" if getattr(props, "gcnArchName", "").startswith("gfx950") else "bf16"
-    if props.major >= 10:
+    included (see Note [MX dots, per architecture]). ``arch`` is ``launch.arch_of``'s name."""
+    if arch == "gfx950" or (arch.startswith("sm") and int(arch[2:-1]) >= 10):
         return "scaled"
-    return "fp8" if props.major == 9 else "bf16"
+    return "fp8" if arch.startswith("sm9") else "bf16"
 
 
 def _check_dot_mode(dot_mode) -> None:
@@ -100,8 +96,6 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
 
     check_mx_format(mx_format)
     recovery_threshold = check_recovery_threshold(recovery_threshold)
-    if tile_n not in TILE_SIZES:
-        raise ValueError(f"tile_n must be one of {TILE_SIZES}; got {tile_n!r}")
     if not isinstance(causal, bool) or not isinstance(exact, bool):
         raise TypeError("causal and exact must be bool")
     head_dim = q.shape[-1]
@@ -109,7 +103,13 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a finite positive number; got {softmax_scale}")
     _check_dot_mode(dot_mode)
-    dot_mode = _default_dot_mode(q.device) if dot_mode is None else dot_mode
+    arch, launch = launch_for(q.device)  # Note [Launch table]
+    dot_mode = _default_dot_mode(arch) if dot_mode is None else dot_mode
+    if dot_mode not in launch.dot_modes:
+        raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")
+    tile_n = launch.tile_n if tile_n is None else tile_n
+    if tile_n not in TILE_SIZES:
+        raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES}; got {tile_n!r}")
 
     batch = cu_seqlens_q.numel() - 1
     heads_q, heads_k = q.shape[1], k.shape[1]
@@ -130,7 +130,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     p_spec = ELEMENT_FORMATS[p_element_format(mx_format)]
     p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
 
-    block_m = 16 if q.device.type == "cpu" else 64
+    block_m = launch.block_m
     grid = (triton.cdiv(max_seqlen_q, block_m), batch, heads_q)
     if q.shape[0] == 0:
         return out, lse, recoveries
@@ -147,21 +147,22 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits, P_MIN_EXPONENT=p_spec.min_normal_exponent, P_MAX_NORMAL=p_spec.max_normal,
         P_MAX_MANTISSA_BITS=p_max_bits & 0x7FFFFF, P_MAX_EXPONENT=((p_max_bits >> 23) & 0xFF) - 127,
-        num_warps=4,
+        **launch.options(arch),
     )
     return out, lse, recoveries
 
 
 def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
                             mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
-                            return_lse: bool = True, tile_n: int = 128, dot_mode: Optional[str] = None,
+                            return_lse: bool = True, tile_n: Optional[int] = None, dot_mode: Optional[str] = None,
                             return_recoveries: bool = False):
     """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
     heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
     masks aligned bottom-right. Returns ``(out, lse)`` (lse float32 (batch, heads_q, seqlen_q), natural
     log), or ``out`` alone with ``return_lse=False``; with ``return_recoveries=True`` a third tensor
     (int32, like lse) counts the recoveries per row. ``tile_n`` is the KV tile (the frozen max comes
-    from the first one); ``dot_mode`` picks the dot strategy, one of ``DOT_MODES`` (None: by
+    from the first one; None: the launch table's, 64 on gfx950/gfx942 and 128 elsewhere, Note [Launch
+    table] in ``launch.py``); ``dot_mode`` picks the dot strategy, one of ``DOT_MODES`` (None: by
     architecture; see the module docstring)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -186,7 +187,7 @@ def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Opt
 def fused_softmax_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                                    causal: bool = False, softmax_scale: Optional[float] = None,
                                    mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
-                                   return_lse: bool = True, tile_n: int = 128, dot_mode: Optional[str] = None,
+                                   return_lse: bool = True, tile_n: Optional[int] = None, dot_mode: Optional[str] = None,
                                    return_recoveries: bool = False, validate: bool = True):
     """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
     (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries

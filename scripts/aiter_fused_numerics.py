@@ -40,6 +40,7 @@ from aiter_fused.attention import (  # noqa: E402
     fused_softmax_attention,
     fused_softmax_attention_varlen,
 )
+from aiter_fused.launch import arch_of  # noqa: E402
 from aiter_fused.quantize import quantize_head_dim, quantize_keys  # noqa: E402
 from aiter_fused.tolerances import OUT_REL_TOL, lse_ok, lse_stats  # noqa: E402
 from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
@@ -175,7 +176,7 @@ def main():
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
     results["triton"] = triton.__version__
-    results["default_dot_mode"] = _default_dot_mode(torch.device("cuda"))
+    results["default_dot_mode"] = _default_dot_mode(arch_of(torch.device("cuda")))
     log(lines, f"device {results['device']}, torch {results['torch']}, triton {results['triton']}, "
                f"default dot_mode {results['default_dot_mode']}")
 

@@ -243,10 +243,11 @@ def test_default_dot_mode_and_no_host_sync():
     """FP8 dots by default on Hopper; neither entry reads the GPU back (validate=False for varlen), so
     the calls are CUDA-graph capturable: torch's sync debug mode turns any sync into an error."""
     from aiter_fused.attention import _default_dot_mode
+    from aiter_fused.launch import arch_of
 
     major = torch.cuda.get_device_capability()[0]
     if torch.version.hip is None:
-        assert _default_dot_mode(torch.device("cuda")) == {9: "fp8"}.get(major, "scaled" if major >= 10 else "bf16")
+        assert _default_dot_mode(arch_of(torch.device("cuda"))) == {9: "fp8"}.get(major, "scaled" if major >= 10 else "bf16")
     gen = torch.Generator().manual_seed(16)
     q, k, v = _randn(2, 100, 4, 64, gen=gen), _randn(2, 90, 2, 64, gen=gen), _randn(2, 90, 2, 64, gen=gen)
     cu_q = torch.tensor([0, 100, 200], dtype=torch.int32, device=DEVICE)

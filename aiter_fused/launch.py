@@ -1,0 +1,73 @@
+"""How the Fused-Softmax kernel is launched on each architecture: the one launch table.
+
+``attention.py`` (the dispatcher) asks ``launch_for(device)`` and ``compile_check.py`` asks
+``LAUNCHES[arch]``, so what the audit compiles is what a call launches.
+
+Note [Launch table]
+~~~~~~~~~~~~~~~~~~~
+- ``block_m`` (query rows per program), ``num_warps`` and ``waves_per_eu`` (AMD only: Triton's HIP option
+  that caps registers per wave so that many waves share a SIMD; 0 leaves it to the compiler) change no
+  value.
+- ``tile_n`` is the default KV tile when the caller passes ``tile_n=None``. It is numerics: the frozen
+  max comes from the first tile and a recovery is decided per tile (``fa4_rowmax.reference.fused_softmax``),
+  so a caller who needs the same values on every GPU passes ``tile_n`` explicitly.
+- gfx950 (MI350/MI355X) is seeded from AITER's tuned MHA default (``configs/gfx950-MHA-DEFAULT.json``:
+  BLOCK_M 128, BLOCK_N 64, 4 warps, waves_per_eu 2), except ``waves_per_eu``: with 2 the compiler gets 256
+  registers a lane and the default ``dot_mode="scaled"`` spills 156 VGPRs (hd128, Triton 3.6, the compile
+  audit); left to the compiler it takes 415 (159 of them AGPRs, one wave a SIMD) and spills none. BLOCK_M
+  128 over 4 waves also gives each wave its own 32 rows of the 32x32 MFMAs (with 64 rows, two pairs of
+  waves computed the same QK^T and softmax). gfx942 (MI300X) takes the same values; it has no scaled
+  MFMA and Triton 3.6 cannot lower ``tl.dot_scaled`` for it ("Unsupported DotScaleOp"), so ``dot_modes``
+  leaves "scaled" out there and the dispatcher refuses it with a ValueError instead of a compiler crash.
+- Everything else (the H200 and other NVIDIA GPUs, whose values were tuned with the H200 runs of
+  2026-11-30, and other AMD GPUs) keeps BLOCK_M 64, 4 warps, tile 128; Triton's CPU interpreter uses
+  BLOCK_M 16 (speed of the tests only).
+"""
+
+import dataclasses
+
+import torch
+
+__all__ = ["LAUNCHES", "Launch", "arch_of", "launch_for"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    block_m: int
+    num_warps: int
+    tile_n: int
+    waves_per_eu: int = 0  # AMD only; 0: the compiler's choice
+    dot_modes: tuple[str, ...] = ("bf16", "fp8", "scaled")  # the dot modes that compile there
+
+    def options(self, arch: str) -> dict:
+        """Triton launch/compile options (``waves_per_eu`` only where Triton's HIP backend takes it)."""
+        options = {"num_warps": self.num_warps}
+        if arch.startswith("gfx") and self.waves_per_eu:
+            options["waves_per_eu"] = self.waves_per_eu
+        return options
+
+
+# Note [Launch table]
+LAUNCHES = {
+    "gfx950": Launch(block_m=128, num_warps=4, tile_n=64),
+    "gfx942": Launch(block_m=128, num_warps=4, tile_n=64, dot_modes=("bf16", "fp8")),
+    "default": Launch(block_m=64, num_warps=4, tile_n=128),
+    "interpreter": Launch(block_m=16, num_warps=4, tile_n=128),
+}
+
+
+def arch_of(device: torch.device) -> str:
+    """The launch table's key for a device: the AMD architecture name (``gfx950``, ...) on ROCm,
+    ``sm<major><minor>`` on CUDA, ``interpreter`` on the CPU (Triton's interpreter)."""
+    if device.type != "cuda":
+        return "interpreter"
+    props = torch.cuda.get_device_properties(device)
+    if getattr(torch.version, "hip", None):
+        return getattr(props, "gcnArchName", "").split(":")[0]
+    return f"sm{props.major}{props.minor}"
+
+
+def launch_for(device: torch.device) -> tuple[str, Launch]:
+    """(architecture, launch) for a device; architectures without an entry take ``LAUNCHES["default"]``."""
+    arch = arch_of(device)
+    return arch, LAUNCHES.get(arch, LAUNCHES["default"])

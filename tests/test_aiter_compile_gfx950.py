@@ -1,0 +1,140 @@
+"""The gfx950 (MI350/MI355X) and gfx942 (MI300X) compile audit of aiter_fused, on the CPU.
+
+`python -m aiter_fused.compile_check --arch ARCH --matrix ci --json FILE` compiles every configuration the
+dispatcher launches on that architecture for head dims 64/128 with the launch table's tile (Note [Launch
+table] in aiter_fused/launch.py), through the PyPI Triton wheel's AMD backend (no ROCm). A subprocess:
+other test modules run Triton in interpreter mode. Asserted here is what holds for the shipped kernel; the
+rest is recorded in the JSON (docs/aiter_gfx950_audit.md).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCALED_MFMA = "v_mfma_scale_f32_32x32x64_f8f6f4"
+
+
+def _env(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton_cache")
+    return env
+
+
+def _run(arguments, tmp_path, timeout=1200):
+    result = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, env=_env(tmp_path),
+                            cwd=REPO, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def audits(tmp_path_factory):
+    """arch -> the audit's JSON, compiled once per module run."""
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            tmp_path = tmp_path_factory.mktemp(arch)
+            _run(["-m", "aiter_fused.compile_check", "--arch", arch, "--matrix", "ci", "--json",
+                  str(tmp_path / "audit.json")], tmp_path)
+            cache[arch] = json.loads((tmp_path / "audit.json").read_text())
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(params=["gfx950", "gfx942"])
+def audit(request, audits):
+    return audits(request.param)
+
+
+def _attention(audit, dot_mode="any"):
+    return [r for r in audit["configs"] if r["kernel"] == "attention" and (dot_mode == "any" or r["dot_mode"] == dot_mode)]
+
+
+def test_every_configuration_compiles_and_the_triton_pin_is_recorded(audit):
+    from aiter_fused.compile_check import configs
+
+    assert [r["name"] for r in audit["configs"]] == [c.name for c in configs(audit["arch"], "ci")]
+    assert [r["name"] for r in audit["configs"] if "error" in r] == []
+    pinned = [line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith("triton==")]
+    assert pinned == [f"triton=={audit['triton']}"]
+    for record in audit["configs"]:
+        assert record["vgpr_count"] > 0 and record["agpr_count"] is not None and record["lds_bytes"] >= 0
+    for record in _attention(audit):
+        assert record["mfma"] and record["main_loop"]["mfma"] > 0 and record["main_loop"]["valu"] > 0
+
+
+def test_no_dot_is_computed_twice(audit):
+    """BLOCK_M 128 over 4 waves: each wave has its own 32 rows of every dot's result."""
+    for record in _attention(audit):
+        assert record["block_m"] == 128 and record["dots"], record["name"]
+        assert {dot["replication"] for dot in record["dots"]} == {1}, (record["name"], record["dots"])
+
+
+def test_exact_twin_and_quantizers_do_not_spill(audit):
+    checked = _attention(audit, None) + [r for r in audit["configs"] if r["kernel"] != "attention"]
+    assert len(checked) == 16
+    assert {r["name"]: r["vgpr_spill_count"] for r in checked if r["vgpr_spill_count"] != 0} == {}
+
+
+def test_gfx950_default_dot_mode_does_not_spill(audits):
+    """dot_mode="scaled" (gfx950's default) for every format, head dim and mask: no VGPR spills."""
+    scaled = _attention(audits("gfx950"), "scaled")
+    assert len(scaled) == 12
+    assert {r["name"]: r["vgpr_spill_count"] for r in scaled if r["vgpr_spill_count"] != 0} == {}
+
+
+def test_gfx950_scaled_path_runs_on_the_scaled_mfma(audits):
+    """Every "scaled" configuration multiplies with gfx950's block-scaled MFMA and nothing else: per wave
+    and KV tile, QK^T (32 rows x tile_n keys) and P@V (32 rows x head_dim), K = 64 per instruction."""
+    scaled = _attention(audits("gfx950"), "scaled")
+    for record in scaled:
+        assert [m["instruction"] for m in record["mfma"]] == [SCALED_MFMA], record["name"]
+        head_dim, tile_n = record["head_dim"], record["tile_n"]
+        per_tile = (tile_n // 32) * (head_dim // 64) + (head_dim // 32) * (tile_n // 64)
+        assert record["main_loop"]["mfma"] == per_tile, record["name"]
+
+
+def test_mfma_operand_formats_are_read_from_the_instruction():
+    """The audit reads the A/B formats of f8f6f4 MFMAs from cbsz/blgp (absent: e4m3), so an fp6 or fp4
+    operand would show."""
+    from aiter_fused.compile_check import read_amdgcn
+
+    asm = textwrap.dedent(f"""\
+        .LBB0_1:
+        \t{SCALED_MFMA} a[0:15], v[1:8], v[9:16], a[0:15], v1, v2 op_sel_hi:[0,0,0]
+        \t{SCALED_MFMA} a[0:15], v[1:6], v[9:12], a[0:15], v1, v2 op_sel_hi:[0,0,0] cbsz:2 blgp:4
+        \tv_add_f32 v1, v2, v3
+        \ts_cbranch_scc1 .LBB0_1
+          - .agpr_count:     16
+            .vgpr_count:     40
+            .vgpr_spill_count: 0
+        """)
+    record = read_amdgcn(asm)
+    assert [(m["a_format"], m["b_format"], m["count"]) for m in record["mfma"]] == [
+        ("fp6_e2m3", "fp4_e2m1", 1), ("fp8_e4m3", "fp8_e4m3", 1)]
+    assert record["main_loop"] == {"valu": 1, "mfma": 2, "lds": 0, "salu": 1}
+    assert (record["vgpr_count"], record["agpr_count"], record["waves_per_simd"]) == (40, 16, 12)
+
+
+def test_the_replication_check_sees_the_previous_launch(tmp_path):
+    """The launch before the table (BLOCK_M 64, 4 waves) split S as warpsPerCTA [4, 1] over 32-row MFMAs:
+    two pairs of waves computed the same QK^T and softmax (P@V got [2, 2], no repeat). The check must see
+    it. The TTGIR holds each dot twice (the pipelined loop's body and its peeled copy), QK^T first."""
+    code = textwrap.dedent("""\
+        import json
+        from aiter_fused.compile_check import Config, compile_one
+        from aiter_fused.launch import Launch
+        record = compile_one(Config("attention", "mxfp8", 128, "scaled", False, 128), "gfx950",
+                             Launch(block_m=64, num_warps=4, tile_n=128))
+        print(json.dumps([record["vgpr_spill_count"], [d["replication"] for d in record["dots"]]]))
+        """)
+    spills, replication = json.loads(_run(["-c", code], tmp_path).stdout.strip().splitlines()[-1])
+    assert replication == [2, 1, 2, 1] and spills > 0
