@@ -21,6 +21,16 @@ required to hold a neutral value (the feature it turns on is not in the kernel),
 tunes AITER's own kernels). A call with an argument in none of these sets (a newer AITER) falls through,
 so a new feature is never silently dropped. Arguments are matched by name, not position.
 
+Note [Builds that bypass the hook]
+Newer AITER (upstream, 2026) added branches inside the public functions that return before the
+autograd Function, so before the hooked globals: with `ENABLE_CK=0` they route to AITER's Triton
+kernels (also gfx1250 ASM and FlyDSL branches). Such a call never reaches the fused kernel, whatever
+`install()` did. `install()` cannot undo that, so it warns (`bypass_reasons`): when `ENABLE_CK=0` is
+set, and when a public function's source no longer calls its autograd Function's `apply`.
+The arguments upstream added to the forward functions are classified in Note [AITER forward
+arguments]: `sink_size` (0) and `sink_ptr`, `q/k/v_descale` (None) must be neutral, `out` is served,
+`num_splits` (a split-KV schedule, no change of value) is ignored.
+
 Note [What the fused path serves]
 BF16 q, k, v; head dim 64 or 128, q, k and v alike (the head dims of the models the method targets and
 of the benchmarks; the kernel itself takes more, `attention.HEAD_DIMS`); heads_q a multiple of heads_k
@@ -53,6 +63,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
     "FusedFormat",
+    "bypass_reasons",
     "current_format",
     "env_flag",
     "install",
@@ -67,6 +78,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "AITER_FUSED_DISABLE"
+CK_ENV = "ENABLE_CK"  # AITER's own switch; Note [Builds that bypass the hook]
 FORMAT_ENV = "AITER_FUSED_FORMAT"
 EXACT_ENV = "AITER_FUSED_EXACT"
 
@@ -75,6 +87,8 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 
 # The globals of `aiter.ops.mha` that are rebound, and whether each is the varlen forward.
 _HOOKED_GLOBALS = {"_flash_attn_forward": False, "_flash_attn_varlen_forward": True}
+# The public functions that reach them, through these autograd Functions.
+_PUBLIC_ROUTES = {"flash_attn_func": "FlashAttnFunc", "flash_attn_varlen_func": "FlashAttnVarlenFunc"}
 
 # Note [AITER forward arguments]
 _USED_ARGUMENTS = frozenset(
@@ -350,6 +364,24 @@ def _aiter_mha_module():
     return aiter.ops.mha
 
 
+def bypass_reasons(mha) -> list[str]:
+    """Why calls of AITER's public functions may not reach the hooked globals (Note [Builds that bypass
+    the hook]); empty when nothing is known to bypass them."""
+    reasons = []
+    if os.environ.get(CK_ENV, "").strip() == "0":
+        reasons.append(f"{CK_ENV}=0: AITER routes flash_attn_func / flash_attn_varlen_func to its Triton kernels "
+                       "before the hooked forward")
+    for public, function_class in _PUBLIC_ROUTES.items():
+        function = getattr(mha, public, None)
+        try:
+            source = inspect.getsource(function)
+        except (TypeError, OSError):
+            source = ""
+        if f"{function_class}.apply(" not in source:
+            reasons.append(f"aiter.ops.mha.{public} does not call {function_class}.apply")
+    return reasons
+
+
 def install() -> bool:
     """Rebind AITER's forward globals to the fused hooks. Idempotent. Returns whether the override is
     installed; False (and an INFO log) when `AITER_FUSED_DISABLE=1`."""
@@ -378,6 +410,8 @@ def install() -> bool:
                 )
             _originals[name] = original
             setattr(mha, name, _make_hook(original, varlen))
+        for reason in bypass_reasons(mha):
+            logger.warning("the AITER override is installed, but calls may bypass it: %s", reason)
     logger.info(
         "AITER override installed: aiter.ops.mha.%s use the Fused-Softmax kernel when supported (format %s)",
         " and ".join(_HOOKED_GLOBALS), current_format(),

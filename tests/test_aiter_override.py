@@ -39,7 +39,8 @@ from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
 
 BF16 = torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.ENABLE_ENV)
+ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.ENABLE_ENV,
+                override.CK_ENV)
 
 
 @pytest.fixture(scope="session")
@@ -281,6 +282,59 @@ def test_install_warns_about_unknown_aiter_arguments(aiter, kernel, aiter_ops, m
     q, k, v = _qkv(1, 16, 16, heads_q=2, heads_k=2, head_dim=64)
     aiter.flash_attn_func(q, k, v)
     assert kernel.calls == [] and aiter_ops == ["mha_fwd"]
+
+
+def test_upstream_forward_arguments_are_served_or_fall_through(aiter, kernel, aiter_ops, monkeypatch, caplog):
+    """The arguments upstream AITER added to `_flash_attn_forward` (Note [Builds that bypass the hook]):
+    known to the override (no warning), `out` filled, `num_splits` ignored; a sink or a descale falls
+    through to AITER."""
+    import aiter.ops.mha as mha
+
+    original = mha._flash_attn_forward
+
+    def upstream_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, sink_size,
+                         bias, alibi_slopes, q_descale, k_descale, v_descale, return_lse, return_softmax,
+                         how_v3_bf16_cvt=1, cu_seqlens_q=None, cu_seqlens_kv=None, sink_ptr=None, out=None,
+                         num_splits=1):
+        return original(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, bias,
+                        alibi_slopes, return_lse, return_softmax, how_v3_bf16_cvt, cu_seqlens_q, cu_seqlens_kv)
+
+    monkeypatch.setattr(mha, "_flash_attn_forward", upstream_forward)
+    with caplog.at_level(logging.WARNING, logger="aiter_fused.override"):
+        override.install()
+    assert caplog.text == ""
+    q, k, v = _qkv(1, 16, 16, heads_q=2, heads_k=2, head_dim=64)
+    neutral = dict(dropout_p=0.0, softmax_scale=0.125, causal=True, window_size_left=-1, window_size_right=-1,
+                   sink_size=0, bias=None, alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None,
+                   return_lse=True, return_softmax=False)
+    out = torch.empty_like(q)
+    result = mha._flash_attn_forward(q, k, v, **neutral, out=out, num_splits=4)
+    assert len(kernel.calls) == 1 and aiter_ops == [] and result[0] is out
+    expected_out, _ = fused_softmax_attention_reference(q, k, v, causal=True, softmax_scale=0.125)
+    _assert_equal(out, expected_out.to(BF16))
+    for change in (dict(sink_size=2), dict(q_descale=torch.ones(1)), dict(sink_ptr=torch.zeros(2))):
+        mha._flash_attn_forward(q, k, v, **{**neutral, **change})
+    assert len(kernel.calls) == 1 and aiter_ops == ["mha_fwd"] * 3
+
+
+def test_install_warns_about_builds_that_bypass_the_hook(aiter, monkeypatch, caplog):
+    import aiter.ops.mha as mha
+
+    with caplog.at_level(logging.WARNING, logger="aiter_fused.override"):
+        override.install()
+    assert caplog.text == ""  # the installed AITER routes both public functions through the hooked globals
+    override.uninstall()
+
+    def triton_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+        raise AssertionError("not called")
+
+    monkeypatch.setenv(override.CK_ENV, "0")
+    monkeypatch.setattr(mha, "flash_attn_varlen_func", triton_route)
+    with caplog.at_level(logging.WARNING, logger="aiter_fused.override"):
+        assert override.install()
+    assert "calls may bypass it: ENABLE_CK=0" in caplog.text
+    assert "aiter.ops.mha.flash_attn_varlen_func does not call FlashAttnVarlenFunc.apply" in caplog.text
+    assert "flash_attn_func does not" not in caplog.text
 
 
 # ----------------------------------------------------------------------------------------------------
