@@ -20,6 +20,7 @@ import torch
 from fa4_rowmax.stage.softmax_sm90_fp8 import (
     E4M3_MAX,
     FP8_MAX_OFFSET,
+    ROW_SUM_COLUMNS,
     Fp8Stage,
 )
 
@@ -83,10 +84,11 @@ def check_range_rule(softmax_mode: str, rescale_threshold: float) -> None:
 
 
 ANCHOR_ROUNDINGS = ("exact", "half_octave")
+ROW_SUMS = ("fadd", "mma")
 
 
 def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool, exp2_deleted: bool = False,
-                  anchor_rounding: str = "exact") -> Fp8Stage:
+                  anchor_rounding: str = "exact", row_sum: str = "fadd", rescale_vote: bool = False) -> Fp8Stage:
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
     if beta is not None:
@@ -101,8 +103,13 @@ def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool,
         raise ValueError(f"anchor_rounding must be one of {ANCHOR_ROUNDINGS}, got {anchor_rounding!r}")
     if anchor_rounding != "exact" and softmax_mode != "rowmax_h15":
         raise ValueError("anchor_rounding='half_octave' applies to softmax_mode='rowmax_h15' only")
+    if row_sum not in ROW_SUMS:
+        raise ValueError(f"row_sum must be one of {ROW_SUMS}, got {row_sum!r}")
+    if not isinstance(rescale_vote, bool):
+        raise ValueError(f"rescale_vote must be a bool, got {rescale_vote!r}")
     return Fp8Stage(mode=softmax_mode, rescale_threshold=threshold, exp2_deleted=exp2_deleted,
-                    has_descale=has_descale, anchor_rounding=anchor_rounding)
+                    has_descale=has_descale, anchor_rounding=anchor_rounding, row_sum=row_sum,
+                    rescale_vote=rescale_vote)
 
 
 _compile_cache: dict = {}
@@ -154,13 +161,16 @@ def flash_attn_fp8_sm90(
     v_descale: torch.Tensor | None = None,
     *,
     anchor_rounding: str = "exact",
+    row_sum: str = "fadd",
+    rescale_vote: bool = False,
     exp2_deleted: bool = False,
     tile_n: int = 128,
 ):
     """SM90 FP8 attention forward -> (out BF16, lse fp32).
 
-    Levers (keyword-only): `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]), `tile_n`
-    (keys per tile, a multiple of 16). `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
+    Levers (keyword-only): `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]),
+    `row_sum="mma"` (Note [Row sum by the MMA]; out is then a view of a (.., head_dim + 8) buffer),
+    `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]), `tile_n` (keys per tile, a multiple of 32). `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, 4)
@@ -177,12 +187,17 @@ def flash_attn_fp8_sm90(
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} on the SM90 FP8 path, got {head_dim}")
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"heads of q ({heads_q}) must be a multiple of heads of k and v ({heads_kv})")
+    if KernelConfig.tile_m % (heads_q // heads_kv) != 0:
+        raise ValueError(f"heads_q // heads_kv ({heads_q // heads_kv}) must divide {KernelConfig.tile_m} on the SM90 "
+                         f"FP8 path (GQA is packed into the {KernelConfig.tile_m}-row Q tile, loaded by TMA); "
+                         f"accepted ratios: 1, 2, 4, 8, 16, 32, 64, 128")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     descales = [_check_descale(n, d, batch, heads_kv, q.device)
                 for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     has_descale = any(d is not None for d in descales)
-    stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding)
+    stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding,
+                          row_sum, rescale_vote)
     if tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
     if softmax_scale is None:
@@ -192,27 +207,29 @@ def flash_attn_fp8_sm90(
 
     from flash_attn.cute.testing import is_fake_mode
 
-    out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device=q.device)
+    row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
+    out_buffer = torch.empty(batch, seqlen_q, heads_q, head_dim + row_sum_rows, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     fake = is_fake_mode()
     if fake:
         from fa4_rowmax.stage.v_transpose import padded_keys
 
         keys_padded = padded_keys(seqlen_k)
-        vt = torch.empty(batch, heads_kv, head_dim, keys_padded, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2)
+        vt = torch.empty(batch, heads_kv, head_dim + row_sum_rows, keys_padded, dtype=v.dtype,
+                         device=v.device).permute(0, 3, 1, 2)
         descale = torch.empty(batch, heads_kv, 2, dtype=torch.float32, device=q.device) if has_descale else None
     else:
         from fa4_rowmax.stage.v_transpose import v_transpose
 
-        vt, descale = v_transpose(v, *descales)
+        vt, descale = v_transpose(v, *descales, row_sum_rows=row_sum_rows)
     if config not in _compile_cache:
-        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale)
+        _compile_cache[config] = _compile(config, q, k, vt, out_buffer, lse, descale)
     if fake:
-        return out, lse
+        return out_buffer, lse
     from flash_attn.cute.utils import AuxData
 
     aux = AuxData([descale], None) if descale is not None else AuxData()
     q_u8, k_u8, vt_u8 = (t.view(torch.uint8) for t in (q, k, vt))
-    _compile_cache[config](q_u8, k_u8, vt_u8, out, lse, float(softmax_scale),
+    _compile_cache[config](q_u8, k_u8, vt_u8, out_buffer, lse, float(softmax_scale),
                            None, None, None, None, None, None, None, None, None, aux, None, None)
-    return out, lse
+    return (out_buffer[..., :head_dim] if row_sum_rows else out_buffer), lse

@@ -9,6 +9,8 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
 - `first_half_block_overlap` / `mma_one_n_block_intrawg_overlap`: the softmax stage writes the e4m3 P
   operand (`Fp8SoftmaxSm90.write_p`) where FA4 converts to 16 bits, and the first block loads the tile's
   descales (Note [Descales] in softmax_sm90_fp8.py).
+- `last_half_block_overlap`: with row_sum="mma", the row sums from O's extra column (Note [Row sum by the
+  MMA] in softmax_sm90_fp8.py).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
 warpgroups, epilogue) is FA4's. Supported: dense batches, head dim 64 and 128, causal (bottom-right) or
@@ -49,7 +51,7 @@ from quack import sm90_utils
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
 
-from fa4_rowmax.stage.softmax_sm90_fp8 import Fp8SoftmaxSm90, Fp8Stage
+from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90, Fp8Stage
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
@@ -70,10 +72,12 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         tile_n: int = 128,
         num_stages: int = 2,
     ):
+        # Note [Row sum by the MMA]: V^T and O carry ROW_SUM_COLUMNS more columns (PV GEMM N = head_dim + 8).
+        head_dim_v = head_dim + (ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0)
         super().__init__(
             OUTPUT_DTYPE,
             head_dim,
-            head_dim,
+            head_dim_v,
             qhead_per_kvhead,
             is_causal=is_causal,
             is_local=False,
@@ -88,6 +92,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         )
         self.operand_dtype = OPERAND_DTYPE
         self.softmax_stage = stage
+        # FA4 pads head_dim_v to a multiple of 16; wgmma N only needs a multiple of 8, and V^T and O hold
+        # exactly head_dim_v columns, so no head-dim predication either.
+        self.tile_hdimv = head_dim_v
+        self.check_hdim_v_oob = False
 
     def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
         if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
@@ -98,6 +106,16 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             raise TypeError("LSE tensor must be Float32")
         if const_expr(any(t is not None for t in index_types)):
             raise TypeError("varlen, seqused and paged KV are not supported on the SM90 FP8 path")
+
+    def _get_smem_layout_atom(self):
+        # FA4 uses these atoms only to shape its cp.async / universal gmem copies of Q, K, V and O, which this
+        # kernel never runs (the host requires TMA for all four: qhead_per_kvhead divides tile_m); the real
+        # shared layouts are built from the tensors in __call__. One atom of the (BF16) head dim serves all,
+        # so the row-sum columns (Note [Row sum by the MMA]) do not reach FA4's copy-thread arithmetic.
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils_basic.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.tile_hdim), self.dtype
+        )
+        return atom, atom, atom, atom, None
 
     def _get_tiled_mma(self):
         tiled_mma_qk = sm90_utils_basic.make_trivial_tiled_mma(
@@ -122,6 +140,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         return tiled_mma_qk, tiled_mma_pv
 
     def _get_shared_storage_cls(self):
+        # FA4 rescales O before the PV GEMM when head_dim_v > 128 (register pressure at head dim 192/256);
+        # the 8 row-sum columns of Note [Row sum by the MMA] do not need it, and the overlapped step here
+        # rescales after the GEMM. Set here, after FA4's __call__ chose it and before mma() reads it.
+        self.rescale_O_before_gemm = False
         # Note [V^T in shared memory]: V's K-major layout, set before FA4 builds the storage and V's TMA atom.
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
@@ -194,6 +216,25 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
         softmax.online_softmax(acc_S, is_first=is_first_block)
         softmax.write_p(acc_S, tOrP)
+        return kv_consumer_state
+
+    @cute.jit
+    def last_half_block_overlap(
+        self,
+        kv_consumer_state,
+        pipeline_v,
+        mma_pv_fn: Callable,
+        zero_init: bool,
+        scores_scale: Optional[cute.Tensor] = None,
+        softmax: Optional[Fp8SoftmaxSm90] = None,
+        acc_O: Optional[cute.Tensor] = None,
+    ):
+        """FA4's last PV GEMM; then the row sums come out of O's extra column (Note [Row sum by the MMA])."""
+        kv_consumer_state = super().last_half_block_overlap(
+            kv_consumer_state, pipeline_v, mma_pv_fn, zero_init, scores_scale, softmax, acc_O
+        )
+        if const_expr(softmax.row_sum_by_mma):
+            softmax.row_sum_from_acc_O(acc_O)
         return kv_consumer_state
 
     @cute.jit

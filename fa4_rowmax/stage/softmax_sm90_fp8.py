@@ -42,7 +42,14 @@ from quack import layout_utils
 import flash_attn.cute.utils as utils
 from flash_attn.cute.softmax import Softmax
 
-from fa4_rowmax.stage.softmax_base import H15_ROUND, RowmaxSoftmaxMixin, _f32_hex, h15_anchor_addend
+from fa4_rowmax.stage.softmax_base import (
+    H15_ROUND,
+    InlineAsm,
+    RowmaxSoftmaxMixin,
+    _f32_hex,
+    h15_anchor_addend,
+    ptx_fragment,
+)
 
 FP8_MAX_OFFSET = 8
 E4M3_MAX = 448.0
@@ -77,12 +84,12 @@ H15_FP8_SUM_LOG2_SCALE = -120
 # a_new), LSE from a. Per element one FADD less than the exact-anchor H15.
 
 
-def _asm(ptx: str, result_type, constraints: str, *args, loc=None, ip=None):
+def _asm(asm: InlineAsm, result_type, *args, loc=None, ip=None):
     return llvm.inline_asm(
         result_type,
         [a.ir_value(loc=loc, ip=ip) for a in args],
-        ptx,
-        constraints,
+        asm.ptx,
+        asm.constraints,
         has_side_effects=False,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -92,68 +99,123 @@ def _asm(ptx: str, result_type, constraints: str, *args, loc=None, ip=None):
 _H15_ROUND_HEX = _f32_hex(H15_ROUND)
 
 
-@dsl_user_op
-def h15_fp8_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
-    """r = max(s * scale_log2 + addend, 0) + 1.5 * 2^22: bits(r)'s low byte is L (Note [H15 e4m3 bytes by integer ops])."""
-    ptx = (
+@ptx_fragment
+def h15_fp8_lattice_asm() -> InlineAsm:
+    """r = max($1 * $2 + $3, 0) + 1.5 * 2^22 (Note [H15 e4m3 bytes by integer ops])."""
+    return InlineAsm(
         "{\n\t.reg .f32 t;\n\t"
         "fma.rn.f32 t, $1, $2, $3;\n\t"
         "max.f32 t, t, 0f00000000;\n\t"
-        f"add.rn.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n"
+        f"add.rn.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n",
+        "=f,f,f,f",
     )
+
+
+@dsl_user_op
+def h15_fp8_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
+    """r = max(s * scale_log2 + addend, 0) + 1.5 * 2^22: bits(r)'s low byte is L (Note [H15 e4m3 bytes by integer ops])."""
     args = [Float32(a) for a in (s, scale_log2, addend)]
-    return Float32(_asm(ptx, T.f32(), "=f,f,f,f", *args, loc=loc, ip=ip))
+    return Float32(_asm(h15_fp8_lattice_asm(), T.f32(), *args, loc=loc, ip=ip))
+
+
+@ptx_fragment
+def h15_fp8_folded_lattice_asm() -> InlineAsm:
+    """r = max($1 * $2 + $3, 1.5 * 2^22), one rounding onto the lattice (Note [Folded H15 on FP8])."""
+    return InlineAsm(
+        f"{{\n\t.reg .f32 t;\n\tfma.rn.f32 t, $1, $2, $3;\n\tmax.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n", "=f,f,f,f"
+    )
 
 
 @dsl_user_op
 def h15_fp8_folded_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
     """r = max(s * scale_log2 + addend, 1.5 * 2^22), one rounding onto the lattice (Note [Folded H15 on FP8])."""
-    ptx = f"{{\n\t.reg .f32 t;\n\tfma.rn.f32 t, $1, $2, $3;\n\tmax.f32 $0, t, {_H15_ROUND_HEX};\n\t}}\n"
     args = [Float32(a) for a in (s, scale_log2, addend)]
-    return Float32(_asm(ptx, T.f32(), "=f,f,f,f", *args, loc=loc, ip=ip))
+    return Float32(_asm(h15_fp8_folded_lattice_asm(), T.f32(), *args, loc=loc, ip=ip))
+
+
+@ptx_fragment
+def h15_fp8_sum_add_asm() -> InlineAsm:
+    """$1 + fp32(bits($2) << 22), denormals kept (Note [H15 e4m3 bytes by integer ops])."""
+    return InlineAsm("{\n\t.reg .b32 b;\n\tshl.b32 b, $2, 22;\n\tadd.rn.f32 $0, $1, b;\n\t}\n", "=f,f,f")
 
 
 @dsl_user_op
 def h15_fp8_sum_add(acc: Float32, r: Float32, *, loc=None, ip=None) -> Float32:
     """acc + fp32(bits(r) << 22), denormals kept (Note [H15 e4m3 bytes by integer ops])."""
-    ptx = "{\n\t.reg .b32 b;\n\tshl.b32 b, $2, 22;\n\tadd.rn.f32 $0, $1, b;\n\t}\n"
-    return Float32(_asm(ptx, T.f32(), "=f,f,f", Float32(acc), Float32(r), loc=loc, ip=ip))
+    return Float32(_asm(h15_fp8_sum_add_asm(), T.f32(), Float32(acc), Float32(r), loc=loc, ip=ip))
+
+
+@ptx_fragment
+def add_keep_denormals_asm() -> InlineAsm:
+    """$1 + $2 without .ftz."""
+    return InlineAsm("add.rn.f32 $0, $1, $2;", "=f,f,f")
 
 
 @dsl_user_op
 def add_keep_denormals(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm("add.rn.f32 $0, $1, $2;", T.f32(), "=f,f,f", Float32(a), Float32(b), loc=loc, ip=ip))
+    return Float32(_asm(add_keep_denormals_asm(), T.f32(), Float32(a), Float32(b), loc=loc, ip=ip))
+
+
+@ptx_fragment
+def pack_e4m3_cvt_asm() -> InlineAsm:
+    """Four fp32 ($1..$4) to four e4m3 bytes ($1 in the low byte), saturating, round to nearest even."""
+    return InlineAsm(
+        "{\n\t.reg .b16 lo, hi;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\t"
+        "mov.b32 $0, {lo, hi};\n\t}\n",
+        "=r,f,f,f,f",
+    )
 
 
 @dsl_user_op
 def pack_e4m3_cvt(x0: Float32, x1: Float32, x2: Float32, x3: Float32, *, loc=None, ip=None) -> Int32:
     """Four fp32 weights to four e4m3 bytes (x0 in the low byte), saturating, round to nearest even."""
-    ptx = (
-        "{\n\t.reg .b16 lo, hi;\n\t"
-        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
-        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\t"
-        "mov.b32 $0, {lo, hi};\n\t}\n"
-    )
     args = [Float32(a) for a in (x0, x1, x2, x3)]
-    return Int32(_asm(ptx, T.i32(), "=r,f,f,f,f", *args, loc=loc, ip=ip))
+    return Int32(_asm(pack_e4m3_cvt_asm(), T.i32(), *args, loc=loc, ip=ip))
+
+
+@ptx_fragment
+def pack_h15_bytes_asm() -> InlineAsm:
+    """e4m3 bytes 4L from four lattice points ($1 in the low byte) (Note [H15 e4m3 bytes by integer ops])."""
+    return InlineAsm(
+        "{\n\t.reg .b32 t0, t1, w;\n\t"
+        "prmt.b32 t0, $1, $2, 0x0040;\n\t"
+        "prmt.b32 t1, $3, $4, 0x0040;\n\t"
+        "prmt.b32 w, t0, t1, 0x5410;\n\t"
+        "shl.b32 $0, w, 2;\n\t}\n",
+        "=r,f,f,f,f",
+    )
 
 
 @dsl_user_op
 def pack_h15_bytes(r0: Float32, r1: Float32, r2: Float32, r3: Float32, *, loc=None, ip=None) -> Int32:
     """e4m3 bytes 4L from four lattice points (r0 in the low byte): 3 PRMT + 1 SHL (Note [H15 e4m3 bytes by integer ops])."""
-    ptx = (
-        "{\n\t.reg .b32 t0, t1, w;\n\t"
-        "prmt.b32 t0, $1, $2, 0x0040;\n\t"
-        "prmt.b32 t1, $3, $4, 0x0040;\n\t"
-        "prmt.b32 w, t0, t1, 0x5410;\n\t"
-        "shl.b32 $0, w, 2;\n\t}\n"
-    )
     args = [Float32(a) for a in (r0, r1, r2, r3)]
-    return Int32(_asm(ptx, T.i32(), "=r,f,f,f,f", *args, loc=loc, ip=ip))
+    return Int32(_asm(pack_h15_bytes_asm(), T.i32(), *args, loc=loc, ip=ip))
 
 
 def _fmax_nan(a: Float32, b: Float32) -> Float32:
     return cute.arch.fmax(a, b, nan=True)
+
+
+# Note [Row sum by the MMA]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# With row_sum="mma" the V^T pre-pass appends ROW_SUM_COLUMNS rows to V^T, the first all ones (e4m3 1.0) and
+# the rest zeros, so the PV GEMM (N = head_dim + 8) leaves in O's column head_dim the sum of exactly the
+# e4m3 P that entered it, rescaled with O on every tile (no separate row-sum update). The softmax then adds
+# nothing per element (one FADD less, and in rowmax_h15 also the shift that builds the fp32 weight), at
+# 8 / head_dim more PV tensor work. That column sits in the accumulator of the quad's lane 0 at local column
+# 2 * (head_dim // 8) (columns 8j + 2t + c live at local index c + 2j), the other lanes hold zero columns
+# there, so finalize's quad sum of that local column is the row sum. The sum carries max_offset's 2^8 (no
+# 2^-120: it adds P's values, not fp32 bits) and the FP8 MMA's accumulation.
+ROW_SUM_COLUMNS = 8
+
+# Note [Warp-vote rescale skip on FP8]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# As on SM90 BF16 (Note [Warp-vote rescale skip], softmax_sm90.py): with rescale_vote=True a warp skips its
+# O multiplies when no row of the warp changed its factor (vote.any on factor != 1.0); the values are those
+# without the vote (x * 1.0 is exact).
 
 
 # Note [FP8 A operand from the S accumulator]
@@ -177,12 +239,14 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     exp2_deleted: cutlass.Constexpr[bool] = False
     has_descale: cutlass.Constexpr[bool] = False
     anchor_rounding: cutlass.Constexpr[str] = "exact"
+    row_sum_by_mma: cutlass.Constexpr[bool] = False
+    rescale_vote: cutlass.Constexpr[bool] = False
     tile_scale_log2: cute.Tensor = None
     tile_v_descale: cute.Tensor = None
 
     @staticmethod
     def from_stock(softmax: Softmax, *, mode: str, rescale_threshold: float, exp2_deleted: bool, has_descale: bool,
-                   anchor_rounding: str):
+                   anchor_rounding: str, row_sum_by_mma: bool, rescale_vote: bool):
         """Take over the row statistics of the `Softmax` the kernel created."""
         tile_scale_log2 = cute.make_rmem_tensor(1, Float32)
         tile_v_descale = cute.make_rmem_tensor(1, Float32)
@@ -193,6 +257,8 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             exp2_deleted=exp2_deleted,
             has_descale=has_descale,
             anchor_rounding=anchor_rounding,
+            row_sum_by_mma=row_sum_by_mma,
+            rescale_vote=rescale_vote,
             tile_scale_log2=tile_scale_log2,
             tile_v_descale=tile_v_descale,
         )
@@ -283,24 +349,27 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                     else:
                         lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
                     acc_S_mn[r, c] = lattice
-                    partial[c % 4] = h15_fp8_sum_add(partial[c % 4], lattice)
-                tile_sum = add_keep_denormals(
-                    add_keep_denormals(partial[0], partial[1]), add_keep_denormals(partial[2], partial[3])
-                )
-                if const_expr(is_first):
-                    row_sum[r] = tile_sum
-                else:
-                    row_sum[r] = add_keep_denormals(row_sum[r] * row_scale[r], tile_sum)
+                    if const_expr(not self.row_sum_by_mma):
+                        partial[c % 4] = h15_fp8_sum_add(partial[c % 4], lattice)
+                if const_expr(not self.row_sum_by_mma):
+                    tile_sum = add_keep_denormals(
+                        add_keep_denormals(partial[0], partial[1]), add_keep_denormals(partial[2], partial[3])
+                    )
+                    if const_expr(is_first):
+                        row_sum[r] = tile_sum
+                    else:
+                        row_sum[r] = add_keep_denormals(row_sum[r] * row_scale[r], tile_sum)
             else:
                 bias = Float32(FP8_MAX_OFFSET) - row_max_safe * scale_log2
                 for c in cutlass.range_constexpr(n_cols):
                     y = acc_S_mn[r, c] * scale_log2 + bias
                     acc_S_mn[r, c] = y if const_expr(self.exp2_deleted) else cute.math.exp2(y, fastmath=True)
-                row_sum[r] = utils.fadd_reduce(
-                    acc_S_mn[r, None].load(),
-                    init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
-                    arch=self.arch,
-                )
+                if const_expr(not self.row_sum_by_mma):
+                    row_sum[r] = utils.fadd_reduce(
+                        acc_S_mn[r, None].load(),
+                        init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
+                        arch=self.arch,
+                    )
         return row_scale
 
     @cute.jit
@@ -327,6 +396,28 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                     p_words[row_half + 2 * k_half + 4 * kb] = word
 
     @cute.jit
+    def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor) -> None:
+        """Stock rescale, or skipped by a warp vote (Note [Warp-vote rescale skip on FP8])."""
+        if const_expr(not self.rescale_vote):
+            Softmax.rescale_O(self, acc_O, row_scale)
+        else:
+            changed = row_scale[0] != 1.0
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                changed = changed or row_scale[r] != 1.0
+            if cute.arch.vote_any_sync(changed):
+                Softmax.rescale_O(self, acc_O, row_scale)
+
+    @cute.jit
+    def row_sum_from_acc_O(self, acc_O: cute.Tensor) -> None:
+        """Note [Row sum by the MMA]: this lane's share of each row sum, after the last PV GEMM (finalize adds
+        the quad). The ROW_SUM_COLUMNS = 8 extra columns are the last local pair, 2 * (head_dim // 8) and its
+        neighbour."""
+        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+        sum_col = cute.size(acc_O_mn, mode=[1]) - 2
+        for r in cutlass.range(cute.size(self.row_sum), unroll_full=True):
+            self.row_sum[r] = acc_O_mn[r, sum_col]
+
+    @cute.jit
     def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:
         """1 / row_sum (with v_descale, and 2^120 for rowmax_h15) and the LSE; row_sum becomes the LSE.
 
@@ -340,7 +431,9 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         scale_log2 = self.current_scale_log2()
         row_sum.store(utils.warp_reduce(row_sum.load(), operator.add, width=4))
         row_scale = cute.make_fragment_like(row_max, Float32)
-        sum_log2_scale = H15_FP8_SUM_LOG2_SCALE if const_expr(self.mode == "rowmax_h15") else 0
+        sum_log2_scale = (
+            H15_FP8_SUM_LOG2_SCALE if const_expr(self.mode == "rowmax_h15" and not self.row_sum_by_mma) else 0
+        )
         out_scale = final_scale * Float32(2.0 ** sum_log2_scale)
         if const_expr(self.has_descale):
             out_scale = out_scale * self.tile_v_descale[0]
@@ -374,6 +467,8 @@ class Fp8Stage:
     exp2_deleted: bool = False
     has_descale: bool = False
     anchor_rounding: str = "exact"
+    row_sum: str = "fadd"
+    rescale_vote: bool = False
 
     def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
         return Fp8SoftmaxSm90.from_stock(
@@ -383,4 +478,6 @@ class Fp8Stage:
             exp2_deleted=self.exp2_deleted,
             has_descale=self.has_descale,
             anchor_rounding=self.anchor_rounding,
+            row_sum_by_mma=self.row_sum == "mma",
+            rescale_vote=self.rescale_vote,
         )
