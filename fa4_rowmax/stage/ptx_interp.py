@@ -10,7 +10,7 @@ Note [PTX interpreter]
 ~~~~~~~~~~~~~~~~~~~~~~
 Straight-line PTX as `llvm.inline_asm` takes it: `{ }` scopes with `.reg .TYPE a, b;` declarations (no `%r<n>`
 ranges), then unguarded instructions over declared registers, immediates and the operands `$k`, bound by the
-constraint string (outputs `=f` first, then inputs `f`, numbered in that order). Every lane (array element)
+constraint string (outputs `=f` / `=r` first, then inputs `f`, numbered in that order). Every lane (array element)
 runs the same instructions. Anything else raises PtxError, never skipped: an unknown opcode, modifier, type or
 operand form, a register of a type the instruction does not accept, a read before a write, an output left
 unwritten. Values are held as bits (uint32 / uint64 / bool). Semantics, per the PTX ISA:
@@ -23,7 +23,10 @@ unwritten. Values are held as bits (uint32 / uint64 / bool). Semantics, per the 
 - `max`/`min` (2 or 3 inputs): NaN inputs are ignored unless all are NaN; with `.NaN` any NaN input gives the
   canonical NaN; +0 counts as greater than -0.
 - `.f32x2` (`add`/`sub`/`mul`/`fma` on `.b64` registers): element 0 in bits 0..31, element 1 in bits 32..63;
-  `mov.b64 d, {lo, hi}` packs and `mov.b64 {lo, hi}, d` unpacks in the same order.
+  `mov.b64 d, {lo, hi}` packs and `mov.b64 {lo, hi}, d` unpacks in the same order (`mov.b32` likewise with
+  `.b16` halves).
+- `cvt.rn.satfinite.e4m3x2.f32 d, a, b`: a to the high byte, b to the low one, each rounded to nearest even
+  on e4m3's grid (subnormals 2^-9 apart), finite values past 448 and infinities saturated to +-448, NaN 0x7F.
 - integers wrap mod 2^32; shift amounts above 31 give 0 (`shl`, `shr.b32/.u32`) or the sign (`shr.s32`).
 - `ex2.approx`: the ISA bounds its error (a few ulps) but does not give its bits, so its value is a model
   (Ex2Model): 2^a rounded to nearest, moved by a chosen number of ulps; exact at integer a unless told not to
@@ -43,7 +46,8 @@ _SIGN = np.uint32(0x80000000)
 _FLT_MAX = np.float32(np.finfo(np.float32).max)
 _ROUNDINGS = ("rn", "rz", "rm", "rp")
 # Register types by size in bits; `pred` is a predicate.
-_SIZES = {"f32": 32, "b32": 32, "s32": 32, "u32": 32, "b64": 64, "pred": 1}
+_SIZES = {"f32": 32, "b32": 32, "s32": 32, "u32": 32, "b16": 16, "b64": 64, "pred": 1}
+_E4M3_MAX = 448.0
 _SETP = {
     "eq": lambda a, b: a == b, "ne": lambda a, b: (a != b) & ~np.isnan(a) & ~np.isnan(b),
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
@@ -169,6 +173,19 @@ def _max_min(op: str, nan_propagates: bool, args: list[np.ndarray]) -> np.ndarra
     return result
 
 
+def _e4m3_satfinite(bits: np.ndarray) -> np.ndarray:
+    """fp32 bits to e4m3 bytes (Note [PTX interpreter]: cvt.rn.satfinite)."""
+    value = _bits_f64(bits)
+    magnitude = np.where(np.isfinite(value), np.abs(value), _E4M3_MAX)
+    exponent = np.maximum(np.frexp(magnitude)[1] - 1, -6)  # floor(log2), e4m3's subnormals below 2^-6
+    rounded = np.minimum(np.rint(magnitude / np.ldexp(1.0, exponent - 3)) * np.ldexp(1.0, exponent - 3), _E4M3_MAX)
+    top = np.frexp(rounded)[1] - 1
+    normal = rounded >= 2.0**-6
+    code = np.where(normal, (top + 7) * 8 + (rounded / np.ldexp(1.0, top) - 1) * 8, rounded / 2.0**-9)
+    byte = code.astype(np.uint32) | ((bits >> 31) << 7)
+    return np.where(np.isnan(value), np.uint32(0x7F), byte).astype(np.uint32)
+
+
 def _lop3(a, b, c, lut: int) -> np.ndarray:
     """Bit i of the result is bit (a_i b_i c_i as a 3-bit index) of `lut` (lop3's immLut: a = 0xF0, b = 0xCC, c = 0xAA)."""
     out = np.zeros_like(a)
@@ -218,10 +235,11 @@ _TOKEN_DOLLAR = re.compile(r"\$([0-9]+)")
 class _Machine:
     def __init__(self, constraints: str, inputs: list[np.ndarray], ex2: Ex2Model):
         entries = constraints.split(",")
-        self.outputs = [i for i, c in enumerate(entries) if c == "=f"]
+        self.output_types = {i: {"=f": "f32", "=r": "b32"}[c] for i, c in enumerate(entries) if c in ("=f", "=r")}
+        self.outputs = list(self.output_types)
         self.input_slots = [i for i, c in enumerate(entries) if c == "f"]
         if len(self.outputs) + len(self.input_slots) != len(entries) or self.outputs != list(range(len(self.outputs))):
-            raise PtxError(f"constraints {constraints!r}: only '=f' outputs followed by 'f' inputs are interpreted")
+            raise PtxError(f"constraints {constraints!r}: only '=f'/'=r' outputs followed by 'f' inputs are interpreted")
         if len(inputs) != len(self.input_slots):
             raise PtxError(f"constraints {constraints!r} take {len(self.input_slots)} inputs, got {len(inputs)}")
         if any(np.asarray(x).dtype != np.float32 for x in inputs):
@@ -257,8 +275,8 @@ class _Machine:
         dollar = _TOKEN_DOLLAR.fullmatch(token)
         if dollar:
             slot = int(dollar.group(1))
-            if not self._accepts(itype, "f32"):
-                raise PtxError(f"{token} is an f32 operand, not {itype}")
+            if not self._accepts(itype, self.output_types.get(slot, "f32")):
+                raise PtxError(f"{token} is a .{self.output_types.get(slot, 'f32')} operand, not .{itype}")
             if slot in self.operands:
                 return self.operands[slot]
             if slot in self.written:
@@ -289,8 +307,8 @@ class _Machine:
         dollar = _TOKEN_DOLLAR.fullmatch(token)
         if dollar:
             slot = int(dollar.group(1))
-            if slot not in self.outputs or not self._accepts(itype, "f32"):
-                raise PtxError(f"{token} is not an f32 output")
+            if slot not in self.outputs or not self._accepts(itype, self.output_types[slot]):
+                raise PtxError(f"{token} is not an output of type .{itype}")
             self.written[slot] = value.astype(np.uint32)
             return
         if not _TOKEN_NAME.fullmatch(token):
@@ -438,22 +456,36 @@ def _selp(m: _Machine, mods, operands, statement):
     m.write(operands[0], kind, np.where(m.read(operands[3], "pred"), a, b).astype(np.uint32))
 
 
+_HALF = {"b64": ("b32", np.uint64), "b32": ("b16", np.uint32)}
+
+
 def _mov(m: _Machine, mods, operands, statement):
-    _, _, kind = _modifiers(mods, statement, types=("b32", "s32", "u32", "f32", "b64"))
+    _, _, kind = _modifiers(mods, statement, types=("b16", "b32", "s32", "u32", "f32", "b64"))
     _count(operands, 2, statement)
     dst, src = operands
-    if kind != "b64":
-        m.write(dst, kind, m.read(src, kind))
-    elif src.startswith("{"):
-        lo, hi = _vector(src, statement)
-        m.write(dst, "b64", m.read(lo, "b32").astype(np.uint64) | (m.read(hi, "b32").astype(np.uint64) << np.uint64(32)))
-    elif dst.startswith("{"):
-        lo, hi = _vector(dst, statement)
-        value = m.read(src, "b64")
-        m.write(lo, "b32", (value & 0xFFFFFFFF).astype(np.uint32))
-        m.write(hi, "b32", (value >> np.uint64(32)).astype(np.uint32))
+    if src.startswith("{") or dst.startswith("{"):
+        if kind not in _HALF:
+            raise PtxError(f"vector operands only with mov.b32 (.b16 halves) or mov.b64 (.b32): {statement!r}")
+        half, wide = _HALF[kind]
+        shift, mask = wide(_SIZES[half]), wide((1 << _SIZES[half]) - 1)
+        if src.startswith("{"):
+            lo, hi = _vector(src, statement)
+            m.write(dst, kind, m.read(lo, half).astype(wide) | (m.read(hi, half).astype(wide) << shift))
+        else:
+            lo, hi = _vector(dst, statement)
+            value = m.read(src, kind)
+            m.write(lo, half, (value & mask).astype(np.uint32))
+            m.write(hi, half, (value >> shift).astype(np.uint32))
     else:
-        m.write(dst, "b64", m.read(src, "b64"))
+        m.write(dst, kind, m.read(src, kind))
+
+
+def _cvt(m: _Machine, mods, operands, statement):
+    if mods != ["rn", "satfinite", "e4m3x2", "f32"]:
+        raise PtxError(f"only cvt.rn.satfinite.e4m3x2.f32 is interpreted: {statement!r}")
+    _count(operands, 3, statement)
+    high, low = (_e4m3_satfinite(m.read(t, "f32")) for t in operands[1:])
+    m.write(operands[0], "b16", (high << 8) | low)
 
 
 def _vector(token: str, statement: str) -> list[str]:
@@ -461,7 +493,7 @@ def _vector(token: str, statement: str) -> list[str]:
         raise PtxError(f"bad vector operand {token!r} in {statement!r}")
     elements = [t.strip() for t in token[1:-1].split(",")]
     if len(elements) != 2:
-        raise PtxError(f"only 2-element vectors (mov.b64) are interpreted: {statement!r}")
+        raise PtxError(f"only 2-element vectors are interpreted: {statement!r}")
     return elements
 
 
@@ -529,6 +561,7 @@ _HANDLERS = {
     "shl": lambda m, mods, ops, st: _shift_handler(m, mods, ops, st, "shl"),
     "shr": lambda m, mods, ops, st: _shift_handler(m, mods, ops, st, "shr"),
     "neg": _neg, "ex2": _ex2, "setp": _setp, "selp": _selp, "mov": _mov, "shf": _shf, "prmt": _prmt_handler,
+    "cvt": _cvt,
 }
 
 
@@ -541,7 +574,8 @@ def _float_or_int(m: _Machine, mods, operands, statement, op):
 
 
 def run(ptx: str, constraints: str, *inputs, ex2: Ex2Model = Ex2Model()) -> tuple[np.ndarray, ...]:
-    """Run one inline-asm fragment on float32 inputs (broadcast together); its float32 outputs, in order."""
+    """Run one inline-asm fragment on float32 inputs (broadcast together); its outputs in order, float32 for
+    `=f` and uint32 for `=r`."""
     machine = _Machine(constraints, list(inputs), ex2)
     for chunk in ptx.split(";"):
         statement = chunk.strip()
@@ -567,4 +601,5 @@ def run(ptx: str, constraints: str, *inputs, ex2: Ex2Model = Ex2Model()) -> tupl
     missing = [k for k in machine.outputs if k not in machine.written]
     if missing:
         raise PtxError(f"outputs {['$%d' % k for k in missing]} are never written")
-    return tuple(machine.written[k].view(np.float32) for k in machine.outputs)
+    return tuple(machine.written[k].view(np.float32 if machine.output_types[k] == "f32" else np.uint32)
+                 for k in machine.outputs)
