@@ -12,7 +12,9 @@ The one switch is `backend`:
   e.g. `"rowmax_h15_t8"`.
 - `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
   for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `fa4_rowmax.interface.rowmax_attn_func` for the
-  SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); each `ModeSpec` carries its own
+  SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); the SM90 FP8 forward
+  `fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90` for the FP8 modes (`exact_fp8`, `rowmax_h15_fp8`: Note [FP8 modes
+  in the study]); each `ModeSpec` carries its own
   kernel factory, so `aiter_fused.hf` brings the Fused-Softmax kernel. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
   without CUDA, raises: a kernel name never silently runs the simulator.
 
@@ -32,10 +34,21 @@ from typing import Callable
 
 import torch
 
-from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 
 BACKENDS = ("reference", "kernel")
 KERNEL_PREFIX = "kernel_"
+
+# Note [FP8 modes in the study]
+# `exact_fp8` and `rowmax_h15_fp8` are what the SM90 FP8 kernel computes: q, k, v cast to e4m3 with a per-tensor
+# scale of 1 (no descales), saturating at +-448 as `cvt.rn.satfinite` does; P in e4m3 with FA4's FP8
+# max_offset 8 (the reference's Notes [FP8 inputs and descales] and [H15 with FP8 P]). Scale 1 is enough
+# here because e4m3 is a floating-point format: its relative precision (2^-4) is the same from 2^-6 to 448,
+# so a scale only matters for values outside that range; each call counts the inputs that saturated
+# (`fp8_saturated`, in the run's counters) and, through its BF16 output, the study's delta-NLL shows the rest.
+# The reference and the kernel cast the same BF16-rounded values (`AttentionRunState.reference_input_dtype`),
+# so the simulator sees the kernel's bytes.
+E4M3_MAX = 448.0
 
 @dataclass(frozen=True)
 class ModeSpec:
@@ -44,12 +57,14 @@ class ModeSpec:
     name: str
     description: str
     config_fields: dict  # SoftmaxConfig fields, the same in every layer ...
-    kernel: str | None  # "fa4" or "aiter_fused": the GPU kernel that implements it, if any
+    kernel: str | None  # "fa4", "fp8_sm90" or "aiter_fused": the GPU kernel that implements it, if any
     kernel_kwargs: dict = field(default_factory=dict)
     # ... updated per layer by layer_fields(layer_idx, num_layers) where a mode changes with depth.
     layer_fields: Callable[[int, int], dict] | None = None
     # kernel_factory(spec) -> call(module, q, k, v, causal, scale) -> (out, counters or None); None: FA4's.
     kernel_factory: Callable | None = None
+    # q, k, v cast to e4m3 before the reference (the kernel factory casts its own): Note [FP8 modes in the study].
+    fp8_inputs: bool = False
 
     def config(self, layer_idx: int, num_layers: int) -> SoftmaxConfig:
         fields = dict(self.config_fields)
@@ -65,6 +80,32 @@ def _fa4_mode(name: str, description: str, softmax_mode: str, reference_fields: 
     config_fields = {"mode": softmax_mode, "anchor": "tile", **knobs, **(reference_fields or {})}
     kernel_kwargs = {} if softmax_mode == "exact" and not knobs else {"softmax_mode": softmax_mode, **knobs}
     return ModeSpec(name, description, config_fields, "fa4", kernel_kwargs)
+
+
+def to_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x in e4m3 with scale 1, saturating at +-448 (Note [FP8 modes in the study]), and how many saturated."""
+    saturated = int((x.abs() > E4M3_MAX).sum())
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), saturated
+
+
+def _fp8_sm90_kernel(spec: ModeSpec):
+    """The SM90 FP8 forward on the BF16 q, k, v cast to e4m3 (Note [FP8 modes in the study])."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    def call(module, q, k, v, causal, scale):
+        (q8, sq), (k8, sk), (v8, sv) = (to_e4m3(t) for t in (q, k, v))
+        out, _lse = flash_attn_fp8_sm90(q8, k8, v8, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
+        return out, {"fp8_saturated": sq + sk + sv}
+
+    return call
+
+
+def _fp8_mode(name: str, description: str, softmax_mode: str, **knobs) -> ModeSpec:
+    """An FP8 mode: e4m3 inputs and P with FA4's FP8 max_offset, one set of knobs for reference and kernel."""
+    config_fields = {"mode": softmax_mode, "anchor": "tile", "max_offset": FP8_MAX_OFFSET,
+                     "p_dtype": torch.float8_e4m3fn, **knobs}
+    return ModeSpec(name, description, config_fields, "fp8_sm90", {"softmax_mode": softmax_mode, **knobs},
+                    kernel_factory=_fp8_sm90_kernel, fp8_inputs=True)
 
 
 def _mode_table() -> dict[str, ModeSpec]:
@@ -89,6 +130,12 @@ def _mode_table() -> dict[str, ModeSpec]:
                   f"Rowmax-H15, half-octave anchor (SM90 fold), per-tile running max, rescale threshold {t}",
                   "rowmax_h15", rescale_threshold=float(t), anchor_rounding="half_octave")
         for t in (0, 8)
+    ]
+    specs += [
+        _fp8_mode("exact_fp8", "exact softmax on e4m3 q/k/v (scale 1), P in e4m3 with FA4's max_offset 8 (SM90 FP8)",
+                  "exact"),
+        _fp8_mode("rowmax_h15_fp8", "Rowmax-H15 on e4m3 q/k/v, P's e4m3 bytes from the half-octave index (flushed "
+                  "below 2^-14 of the max), rescale threshold 0 (SM90 FP8)", "rowmax_h15", rescale_threshold=0.0),
     ]
     specs += [
         ModeSpec(f"baps_l{lam}", f"BAPS, HiF8 scores and P, restart threshold lambda {lam}",
@@ -228,9 +275,15 @@ def _reference_backend(spec: ModeSpec):
         out_dtype = q.dtype
         if in_dtype is not None:
             q, k, v = q.to(in_dtype), k.to(in_dtype), v.to(in_dtype)
+        saturated = None
+        if spec.fp8_inputs:
+            (q, sq), (k, sk), (v, sv) = (to_e4m3(t) for t in (q, k, v))
+            saturated = sq + sk + sv
         out, _lse, counters = attention_reference(
             q, k, v, config, causal=causal, softmax_scale=scale, compute_dtype=torch.float32, return_counters=True
         )
+        if saturated is not None:
+            counters["fp8_saturated"] = saturated
         if state is not None:
             state.tally.add(module.layer_idx, counters)
         return out.to(out_dtype)

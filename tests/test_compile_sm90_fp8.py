@@ -1,0 +1,121 @@
+"""The SM90 FP8 forward (fa4_rowmax/stage/flash_fwd_sm90_fp8.py) compiles to sm_90a cubin on the CPU; its SASS.
+
+Each configuration compiles in its own subprocess (FakeTensorMode, FLASH_ATTENTION_ARCH=sm_90,
+CUTE_DSL_ARCH=sm_90a, CUTE_DSL_KEEP=cubin) against a private patched copy of the installed FA4 (the
+kernel uses patch 0001's `softmax_stage` hook in FA4's SM90 `mma`), as fa4_rowmax/stage/compile_check.py
+does for the BF16 kernels. Configurations: causal, head dim 128, 256 keys (so all three softmax sites of
+FA4's causal main loop are unrolled: first block, masked blocks, unmasked blocks).
+
+What the SASS must show (E = elements per thread per tile = tile_n / 2, S = 3 softmax sites, 2 rows per
+thread): QGMMA with e4m3 operands and no HGMMA; `exact`: S * E MUFU.EX2 for the weights + 2 (S - 1) for the
+row rescale factors, S * E / 2 e4m3 converts (F2FP...E4M3, two weights each); `rowmax_h15`: only the 2 (S - 1)
+rescale MUFU.EX2 and no e4m3 convert (the bytes come from PRMT); `row_sum="mma"`: the PV GEMM is N = head_dim
++ 8 and no per-element FADD is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fa4_rowmax.stage import compile_check
+
+ROOT = Path(__file__).resolve().parent.parent
+SITES = 3
+ROWS = 2
+
+_WORKER = r"""
+import json, sys
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+kw = json.loads(sys.argv[1])
+with FakeTensorMode():
+    q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    k = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    flash_attn_fp8_sm90(q, k, k, causal=True, **kw)
+"""
+
+CONFIGS = {
+    "exact": dict(softmax_mode="exact"),
+    "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    "h15": dict(softmax_mode="rowmax_h15"),
+    "h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"),
+}
+
+
+def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
+    dump = workdir / name
+    dump.mkdir()
+    env = dict(os.environ, **compile_check.ARCH_ENV["sm90"], CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump),
+               PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(kwargs)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cubins = sorted(dump.glob("*Sm90Fp8*.cubin"))
+    assert len(cubins) == 1, sorted(p.name for p in dump.iterdir())
+    sass = subprocess.run([compile_check.cuobjdump(), "-sass", str(cubins[0])], check=True, capture_output=True,
+                          text=True).stdout
+    instructions = [line.split("*/", 1)[1].split(";")[0].strip() for line in sass.splitlines()
+                    if compile_check._SASS_LINE.search(line)]
+    return Counter((ins.split()[1] if ins.startswith("@") else ins.split()[0]) for ins in instructions)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("fp8_sm90")
+    site = compile_check.prepare_fa4_copies(workdir)["patched"]
+    return {name: (kwargs, _compile(name, kwargs, workdir, site)) for name, kwargs in CONFIGS.items()}
+
+
+def _count(ops: Counter, prefix: str) -> int:
+    return sum(n for op, n in ops.items() if op == prefix or op.startswith(prefix + "."))
+
+
+def _per_thread(kwargs) -> int:
+    return kwargs.get("tile_n", 128) // 2
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fp8_wgmma_only(compiled, name):
+    kwargs, ops = compiled[name]
+    qgmma = {op: n for op, n in ops.items() if op.startswith("QGMMA")}
+    assert qgmma and all(op.endswith(".E4M3.E4M3") for op in qgmma), qgmma
+    assert _count(ops, "HGMMA") == 0
+    pv_n = 128 + (8 if kwargs.get("row_sum") == "mma" else 0)
+    assert any(op.startswith(f"QGMMA.64x{pv_n}x32.") for op in qgmma), qgmma
+    assert any(op.startswith(f"QGMMA.64x{kwargs.get('tile_n', 128)}x32.") for op in qgmma), qgmma
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("exact")])
+def test_exact_twin_mufu_and_convert_counts(compiled, name):
+    kwargs, ops = compiled[name]
+    e = _per_thread(kwargs)
+    assert _count(ops, "MUFU.EX2") == SITES * e + ROWS * (SITES - 1)
+    e4m3_converts = sum(n for op, n in ops.items() if op.startswith("F2FP") and "E4M3" in op)
+    assert e4m3_converts == SITES * e // 2
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("h15")])
+def test_h15_has_no_weight_mufu_and_no_convert(compiled, name):
+    kwargs, ops = compiled[name]
+    e = _per_thread(kwargs)
+    assert _count(ops, "MUFU.EX2") == ROWS * (SITES - 1)
+    assert not any(op.startswith("F2FP") and "E4M3" in op for op in ops)
+    # Three PRMT per four bytes (Note [H15 e4m3 bytes by integer ops]), beyond the few FA4 itself emits.
+    assert _count(ops, "PRMT") >= SITES * e * 3 // 4
+
+
+def test_row_sum_by_mma_leaves_no_per_element_fadd(compiled):
+    fadd = {name: _count(ops, "FADD") for name, (_, ops) in compiled.items()}
+    e = {name: _per_thread(kwargs) for name, (kwargs, _) in compiled.items()}
+    assert fadd["exact"] >= SITES * e["exact"] and fadd["h15"] >= 2 * SITES * e["h15"]  # sum (+ round-add)
+    assert fadd["exact_n192_mma"] < SITES * e["exact_n192_mma"] // 8
+    assert fadd["h15_fold_n192_mma"] < SITES * e["h15_fold_n192_mma"] // 8

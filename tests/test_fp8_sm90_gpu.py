@@ -1,0 +1,372 @@
+"""The SM90 FP8 forward (`fa4_rowmax.fp8_sm90`) on a Hopper GPU against the semantic reference; input checks on the CPU.
+
+GPU tests carry `pytest.mark.gpu` and skip without an SM90 GPU. Every kernel output is compared with
+`attention_reference` (FP8 inputs, max_offset 8, the kernel's tile_n and anchor) within per-row bounds derived
+below (Note [FP8 kernel vs reference bounds]), with fresh random inputs, output memory poisoned with NaN
+first, seqlens off the tile grid, GQA, causal with seqlen_q != seqlen_k (rows with no key) and descales.
+P's bytes are read back exactly through a one-hot V (`test_p_bytes_*`).
+
+Note [FP8 kernel vs reference bounds]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+As Note [Kernel vs reference: lattice flips] (fa4_rowmax/gates/tolerances.py), with FP8's own roundings:
+- The score GEMM runs on e4m3 products (exact) summed in Hopper's FP8 accumulator, which keeps about 14
+  significant bits (DeepSeek-V3 report, section 3.3.2; FA3's two-level accumulation exists for it). So y's
+  error per row is delta = 2 scale_log2 2^-13 max_j sum_i |q_i k_ij| + 8 ulp32(|y|).
+- A weight is a step function of y: rowmax_h15 steps at y = 0.25 mod 0.5 (ratio 1.5), and the e4m3 rounding
+  of exact's exp2(y) steps at the midpoints between e4m3 values (ratio 1 + 2^-3 for normals). An element
+  within delta of a step (`fragile`) may round the other way: out moves by at most (r - 1) 2^env pi_j 2 max|v|,
+  the LSE by (r - 1) 2^env pi_j (pi the exact fp64 softmax, env = log2 of the weight's envelope: H15
+  log2(1.5), exact 2^-4 for the e4m3 rounding). Between steps exact moves smoothly: ln2 delta (2 max|v|).
+- The PV GEMM adds ceil(L_k / 32) k-blocks in the FP8 accumulator: each add loses up to 2^-13 of the running
+  sum, so out moves by at most ceil(L_k / 32) 2^-13 max|v| (the fp32 row sum by fp32 rounding, the MMA row sum
+  by the same 2^-13 per block, which moves the LSE by ceil(L_k / 32) 2^-13). Both sides round out to BF16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+
+FP8_ACC_BITS = 14
+E4M3 = torch.float8_e4m3fn
+
+
+def _gpu_sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")]
+
+
+def _poison_allocator(nbytes: int = 1 << 30) -> None:
+    """Fill freed caching-allocator blocks with NaN so an unwritten output element shows up as NaN."""
+    torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(math.nan)
+    torch.cuda.synchronize()
+
+
+def _inputs(seed, batch, sq, sk, hq, hk, d, q_std=1.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(batch, sq, hq, d, device="cuda", generator=gen) * q_std).to(E4M3)
+    k = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).to(E4M3)
+    v = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).to(E4M3)
+    return q, k, v
+
+
+def _descales(seed, batch, hk):
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1000)
+    return [torch.rand(batch, hk, device="cuda", generator=gen) + 0.5 for _ in range(3)]
+
+
+def _fp8_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=None, row_sum_by_mma=False):
+    """Per-row bounds (out: (B, Lq, Hq, 1), lse: (B, Hq, Lq)) of Note [FP8 kernel vs reference bounds]."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_k
+    scale_log2 = head_dim**-0.5 * math.log2(math.e)
+    qf = q.double().transpose(1, 2)
+    kf = k.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    qk_scale = torch.ones(batch, heads_q, 1, 1, dtype=torch.float64, device=q.device)
+    v_scale = torch.ones_like(qk_scale)
+    if descales is not None:
+        dq, dk, dv = (d.double().repeat_interleave(group, dim=1)[..., None, None] for d in descales)
+        qk_scale, v_scale = dq * dk, dv
+    x = (qf @ kf.transpose(-1, -2)) * scale_log2 * qk_scale
+    abs_dot = (qf.abs() @ kf.abs().transpose(-1, -2)) * scale_log2 * qk_scale
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if causal:
+        visible = torch.tril(visible, diagonal=seqlen_k - seqlen_q)
+    x = x.masked_fill(~visible, -math.inf)
+    has_key = visible.any(-1)
+    tile_n = config.tile_n
+    anchor = torch.full_like(x, -math.inf)
+    running = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    for t in range(-(-seqlen_k // tile_n) - 1, -1, -1):
+        cols = slice(t * tile_n, min((t + 1) * tile_n, seqlen_k))
+        running = torch.maximum(running, x[..., cols].amax(-1))
+        rounded = torch.round(running * 2) / 2 if config.anchor_rounding == "half_octave" else running
+        anchor[..., cols] = rounded[..., None]
+    y = x - anchor + FP8_MAX_OFFSET
+    finite = torch.isfinite(y)
+    magnitude = (x.abs() + anchor.abs()).where(finite, 0.0).amax(-1)
+    delta = 2 * 2.0 ** (1 - FP8_ACC_BITS) * abs_dot.where(visible, 0.0).amax(-1) + 8 * 2.0**-24 * magnitude
+    if config.mode == "rowmax_h15":
+        ratio, envelope = 1.5, math.log2(1.5)
+        distance = ((y - 0.25) / 0.5 - torch.round((y - 0.25) / 0.5)).abs() * 0.5
+        # The flush: H15's normal range ends at y = -6.25 (n = -12.5 between bytes 8 and 4).
+        distance = torch.minimum(distance, (y + 6.25).abs())
+    else:
+        ratio, envelope = 1.0 + 2.0**-3, 2.0**-4
+        p = torch.exp2(y.where(finite, -math.inf))
+        exponent = torch.floor(torch.log2(p.clamp(min=2.0**-6)))
+        ulp = torch.exp2(exponent - 3)
+        midpoint_gap = ((p / ulp - 0.5) - torch.round(p / ulp - 0.5)).abs() * ulp
+        distance = midpoint_gap / p.clamp(min=2.0**-60) / math.log(2.0)  # in log2 units of y
+    fragile = (distance <= delta[..., None]) & finite
+    pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)
+    fragile_mass = (pi * fragile).sum(-1)
+    v_max = (vf.abs() * v_scale).amax(dim=(-1, -2))[..., None]
+    o_ref = pi @ (vf * v_scale)
+    k_blocks = -(-seqlen_k // 32)
+    accumulation = k_blocks * 2.0 ** (1 - FP8_ACC_BITS)
+    flips = (ratio - 1) * 2**envelope * fragile_mass
+    smooth = math.log(2.0) * delta if config.mode == "exact" else 0.0 * delta
+    out_bound = (flips + smooth) * 2 * v_max + accumulation * v_max + 2 * 2.0**-8 * o_ref.abs().amax(-1)
+    out_bound = out_bound + (accumulation * v_max if row_sum_by_mma else 0.0)
+    lse_bound = flips + smooth + (accumulation if row_sum_by_mma else 2.0**-20)
+    lse_ref = torch.logsumexp(x * math.log(2.0), dim=-1)
+    lse_bound = lse_bound + 4 * 2.0**-24 * lse_ref.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    out_bound = torch.minimum(out_bound, 2 * v_max).where(has_key, 0.0)
+    lse_bound = lse_bound.where(has_key, 0.0)
+    return out_bound.transpose(1, 2)[..., None].float(), lse_bound.float()
+
+
+def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+    from fa4_rowmax.reference.attention import attention_reference
+
+    _poison_allocator()
+    dq, dk, dv = descales if descales is not None else (None, None, None)
+    out, lse = flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, q_descale=dq, k_descale=dk,
+                                   v_descale=dv, **levers)
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=levers.get("tile_n", 128),
+                           anchor_rounding=levers.get("anchor_rounding", "exact"))
+    ref_out, ref_lse = attention_reference(q, k, v, config, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv)
+    out_bound, lse_bound = _fp8_bounds(q, k, v, config, causal, descales, levers.get("row_sum") == "mma")
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    no_key = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), no_key), "rows with no key differ"
+    assert not torch.isnan(out).any(), "NaN in the output (unwritten or poisoned)"
+    assert (out.float()[no_key.transpose(1, 2)] == 0).all(), "rows with no key must be 0"
+    lse_err = (lse - ref_lse).abs().where(~no_key, 0.0)
+    assert (lse_err <= lse_bound).all(), f"LSE off by {float((lse_err - lse_bound).max()):.3g} beyond its bound"
+    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    assert (out_err <= out_bound).all(), f"out off by {float((out_err - out_bound).max()):.3g} beyond its bound"
+
+
+SHAPES = [  # batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
+    (1, 128, 128, 2, 2, 128),
+    (2, 1000, 1000, 4, 4, 128),
+    (2, 777, 1531, 8, 2, 128),
+    (1, 1531, 777, 4, 4, 128),  # causal: the first 754 rows see no key
+    (2, 513, 513, 4, 1, 64),
+    (1, 300, 2049, 2, 2, 64),
+]
+
+
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+def test_matches_reference(shape, causal, mode):
+    q, k, v = _inputs(hash((shape, causal, mode)) % 2**31, *shape)
+    _check_against_reference(q, k, v, causal, mode)
+
+
+LEVERS = [
+    dict(softmax_mode="exact", tile_n=192),
+    dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    dict(softmax_mode="rowmax_h15", tile_n=192),
+    dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave"),
+    dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma", rescale_vote=True),
+    dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
+]
+
+
+@pytest.mark.parametrize("levers", LEVERS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[4]])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+def test_levers_match_reference(shape, levers):
+    levers = dict(levers)
+    mode = levers.pop("softmax_mode")
+    threshold = levers.pop("rescale_threshold", None)
+    q, k, v = _inputs(7, *shape)
+    if threshold is None:
+        _check_against_reference(q, k, v, True, mode, **levers)
+    else:
+        # A stale max moves which tile anchors a row; the reference models it (SoftmaxConfig.rescale_threshold).
+        from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+        from fa4_rowmax.reference.attention import attention_reference
+
+        out, lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode=mode, rescale_threshold=threshold)
+        config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, rescale_threshold=threshold)
+        ref_out, ref_lse = attention_reference(q, k, v, config, causal=True)
+        # Each row's anchor may differ (keep vs move within delta): bounded by the lattice envelope.
+        env = math.log2(1.5)
+        finite = torch.isfinite(ref_lse)
+        assert ((lse - ref_lse).abs()[finite] <= math.log(2.0) * env).all()
+        assert ((out.float() - ref_out.float()).abs() <= 2 * (2**env - 1) * v.float().abs().max()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_descales_match_reference(mode):
+    shape = (2, 1000, 1000, 8, 2, 128)
+    q, k, v = _inputs(11, *shape)
+    _check_against_reference(q, k, v, True, mode, descales=_descales(11, 2, 2))
+
+
+def _one_hot_problem(seed, rows=256, head_dim=128, values=(-2.0, -1.0, 0.0, 1.0, 2.0)):
+    """Integer q, k (exact scores in any accumulator) and V = identity over 128 keys: out[i, j] = P_ij / L_i."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pick = torch.tensor(values, device="cuda")
+    q = pick[torch.randint(len(values), (1, rows, 1, head_dim), device="cuda", generator=gen)].to(E4M3)
+    k = pick[torch.randint(len(values), (1, head_dim, 1, head_dim), device="cuda", generator=gen)].to(E4M3)
+    v = torch.eye(head_dim, device="cuda")[None, :, None, :].to(E4M3)
+    return q, k, v
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.parametrize("mode,levers", [("rowmax_h15", {}), ("rowmax_h15", dict(row_sum="mma")),
+                                         ("exact", {}), ("exact", dict(row_sum="mma"))])
+@pytest.mark.parametrize("scale_log2", [0.173, 0.5123])
+def test_p_bytes_single_tile(mode, levers, scale_log2):
+    """P's bytes of one 128-key tile: out[i, j] * 256 / out[i, argmax] is P_ij (the max weight is 2^8 = byte
+    0x78 in both modes), exact in e4m3 up to BF16's 2^-8 (the e4m3 grid is 2^-3 apart). rowmax_h15 must give
+    torch.float8_e4m3fn(H15 weight) for weights >= 2^-6 (normals), 2^-7 for H = 1.5 * 2^-7 and 0 below
+    (Note [H15 e4m3 bytes by integer ops]); exact must give e4m3(exp2(y)) except within MUFU ex2.approx's
+    2^-22 of a rounding midpoint. Rows sum to 1 (the row sum adds the P that enters the MMA) within BF16's
+    rounding of 128 terms, 128 * 2^-9."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+    from fa4_rowmax.reference.exp_approx import h15_bits
+
+    q, k, v = _one_hot_problem(int(scale_log2 * 1e4))
+    softmax_scale = scale_log2 / math.log2(math.e)
+    out, lse = flash_attn_fp8_sm90(q, k, v, softmax_scale=softmax_scale, softmax_mode=mode, **levers)
+    scores = (q.double()[0, :, 0] @ k.double()[0, :, 0].T)  # (rows, 128), exact integers
+    scale_f32 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(math.log2(math.e), dtype=torch.float32)
+    y = scores * float(scale_f32) - scores.amax(-1, keepdim=True) * float(scale_f32) + FP8_MAX_OFFSET
+    o = out.double()[0, :, 0]
+    p_read = 256.0 * o / o.amax(-1, keepdim=True)
+    bytes_read = p_read.float().to(E4M3).view(torch.uint8)
+    if mode == "rowmax_h15":
+        weight = h15_bits(y.float())
+        expected = weight.to(E4M3).view(torch.uint8)
+        expected = torch.where(weight == 1.5 * 2**-7, torch.full_like(expected, 4), expected)
+        expected = torch.where(weight < 1.5 * 2**-7, torch.zeros_like(expected), expected)
+        step_gap = ((y - 0.25) / 0.5 - torch.round((y - 0.25) / 0.5)).abs() * 0.5
+        checked = step_gap > 2.0**-18
+    else:
+        weight = torch.exp2(y)
+        expected = weight.float().to(E4M3).view(torch.uint8)
+        exponent = torch.floor(torch.log2(weight.clamp(min=2.0**-9)))
+        ulp = torch.exp2(torch.clamp(exponent, min=-6) - 3)
+        midpoint_gap = ((weight / ulp - 0.5) - torch.round(weight / ulp - 0.5)).abs() * ulp / weight
+        checked = midpoint_gap > 2.0**-20
+    assert checked.float().mean() > 0.99
+    mismatch = (bytes_read != expected) & checked
+    assert not mismatch.any(), f"{int(mismatch.sum())} P bytes differ, e.g. {bytes_read[mismatch][:8].tolist()} vs {expected[mismatch][:8].tolist()}"
+    row_sums = o.sum(-1)
+    assert ((row_sums - 1).abs() <= 128 * 2.0**-9).all()
+    # LSE: ln(sum P * 2^-8) + max score * scale, with P as read.
+    p_values = bytes_read.view(E4M3).double()
+    lse_expected = torch.log(p_values.sum(-1) * 2.0**-FP8_MAX_OFFSET) + scores.amax(-1) * softmax_scale
+    assert ((lse[0, 0].double() - lse_expected).abs() <= 1e-4).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+@pytest.mark.parametrize("where", ["q_nan", "k_nan", "v_nan", "q_inf"])
+def test_nan_inf_rows(mode, where):
+    """A NaN in q (one row), k or v (one key), or +inf in q: exact gives FA4's values (NaN O, and LSE -inf for a
+    NaN row sum); rowmax_h15 gives the same NaN rows (Note [NaN rows in the approximate modes], softmax_sm90.py)."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(3, 1, 300, 300, 2, 2, 128)
+    if where == "q_nan":
+        q[0, 17, 1, 5] = math.nan
+    elif where == "k_nan":
+        k[0, 250, 0, 3] = math.nan
+    elif where == "v_nan":
+        v[0, 250, 0, 3] = math.nan
+    else:
+        q[0, 17, 1, :] = math.inf
+    out, lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode=mode)
+    exact_out, exact_lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="exact")
+    assert torch.equal(torch.isnan(out), torch.isnan(exact_out))
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(exact_lse))
+    if where in ("q_nan", "q_inf"):
+        assert torch.isnan(out[0, 17, 1]).all() and not torch.isnan(out[0, :17]).any()
+    if where == "v_nan":
+        assert torch.isnan(out[0, 250:, :, 3]).all() and not torch.isnan(out[0, :250]).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.parametrize("row_sum_rows", [0, 8])
+def test_v_transpose_prepass(row_sum_rows):
+    from fa4_rowmax.stage.v_transpose import v_transpose, v_transpose_reference
+
+    v = torch.randn(2, 1000, 3, 128, device="cuda").to(E4M3)[:, :, :, :]
+    vt, descale = v_transpose(v, row_sum_rows=row_sum_rows)
+    assert descale is None and vt.stride(1) == 1
+    expected = v_transpose_reference(v, row_sum_rows)
+    assert torch.equal(vt.permute(0, 2, 3, 1).view(torch.uint8), expected.view(torch.uint8))
+    dq, dk, dv = _descales(0, 2, 3)
+    _, descale = v_transpose(v, dq, None, dv)
+    assert torch.equal(descale[..., 0], dq) and torch.equal(descale[..., 1], dv)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Input checks: raised before any GPU work, so they run on the CPU too.
+# ----------------------------------------------------------------------------------------------------
+
+def _cpu_inputs(hq=4, hk=4, d=128, dtype=E4M3):
+    return [torch.zeros(1, 64, h, d, dtype=dtype) for h in (hq, hk, hk)]
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(dtype=torch.bfloat16), "q must be torch.float8_e4m3fn"),
+        (dict(d=96), "head_dim must be one of"),
+        (dict(hq=6, hk=4), "must be a multiple"),
+        (dict(hq=12, hk=4), "must divide 128"),
+    ],
+)
+def test_bad_inputs_raise(change, match):
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    with pytest.raises(ValueError, match=match):
+        flash_attn_fp8_sm90(*_cpu_inputs(**change))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(softmax_mode="rowmax_pot"), "softmax_mode must be one of"),
+        (dict(beta=0.5), "beta must be None"),
+        (dict(rescale_threshold=-1.0), "rescale_threshold must be"),
+        (dict(softmax_mode="rowmax_h15", rescale_threshold=0.5), "lets P reach"),
+        (dict(softmax_mode="exact", rescale_threshold=0.9), "lets P reach"),
+        (dict(q_descale=torch.ones(1, 3)), r"q_descale must be None or a torch.float32 tensor of shape \(batch, heads_kv\)"),
+        (dict(v_descale=torch.ones(1, 4, dtype=torch.float64)), "v_descale must be None or a torch.float32"),
+        (dict(tile_n=176), "tile_n must be one of"),
+        (dict(row_sum="gemm"), "row_sum must be one of"),
+        (dict(anchor_rounding="half_octave"), "applies to softmax_mode='rowmax_h15' only"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    with pytest.raises(ValueError, match=match):
+        flash_attn_fp8_sm90(*_cpu_inputs(), **kwargs)
+
+
+def test_mixed_dtypes_and_gradients_raise():
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _cpu_inputs()
+    with pytest.raises(ValueError, match="v must be torch.float8_e4m3fn"):
+        flash_attn_fp8_sm90(q, k, v.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="forward-only"):
+        flash_attn_fp8_sm90(q.clone().requires_grad_(True), k, v)
