@@ -80,6 +80,14 @@ def _default_dot_mode(arch: str) -> str:
     return "fp8" if arch.startswith("sm9") else "bf16"
 
 
+def _operand_format(mx_format: str, exact: bool, dot_mode: str) -> str:
+    """The Q/K/V format the kernel's "scaled" dots take (Note [MX dots, per architecture]): packed e2m1
+    for MXFP4, the e4m3 container otherwise (and in every other mode)."""
+    if not exact and dot_mode == "scaled" and operand_element_format(mx_format) == "e2m1":
+        return "e2m1"
+    return "e4m3"
+
+
 def _check_dot_mode(dot_mode) -> None:
     if dot_mode is not None and dot_mode not in DOT_MODES:
         raise ValueError(f"dot_mode must be None (by architecture) or one of {DOT_MODES}; got {dot_mode!r}")
@@ -116,6 +124,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     out = torch.empty_like(q)
     lse = torch.empty(heads_q, q.shape[0], dtype=torch.float32, device=q.device)
     recoveries = torch.zeros(heads_q, q.shape[0], dtype=torch.int32, device=q.device)
+    operand_format = _operand_format(mx_format, exact, dot_mode)
     if exact:
         q_in, k_in, v_in = q, k, v
         q_scale = k_scale = v_scale = torch.zeros(1, 1, 1, dtype=torch.uint8, device=q.device)
@@ -124,9 +133,11 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
         fmt = operand_element_format(mx_format)
         check_fits_e4m3(fmt)
         check_fits_e4m3(p_element_format(mx_format))
-        q_scale, q_in = quantize_head_dim(q, fmt)
-        k_scale, k_in = quantize_head_dim(k, fmt)
-        v_in, v_scale, cu_blocks = quantize_keys(v, fmt, cu_seqlens_k, keys_contiguous=dot_mode == "fp8")
+        packed = operand_format == "e2m1"
+        q_scale, q_in = quantize_head_dim(q, fmt, pack_e2m1=packed)
+        k_scale, k_in = quantize_head_dim(k, fmt, pack_e2m1=packed)
+        v_in, v_scale, cu_blocks = quantize_keys(v, fmt, cu_seqlens_k, keys_contiguous=dot_mode == "fp8",
+                                                 pack_e2m1=packed)
     p_spec = ELEMENT_FORMATS[p_element_format(mx_format)]
     p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
 
@@ -143,7 +154,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
         out.stride(0), out.stride(1), lse.stride(0),
         softmax_scale * math.log2(math.e), recovery_threshold,
         GROUP=heads_q // heads_k, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tile_n,
-        CAUSAL=causal, EXACT=exact, DOT_MODE=dot_mode, RETURN_RECOVERIES=return_recoveries,
+        CAUSAL=causal, EXACT=exact, DOT_MODE=dot_mode, OPERAND_FORMAT=operand_format,
+        RETURN_RECOVERIES=return_recoveries,
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits, P_MIN_EXPONENT=p_spec.min_normal_exponent, P_MAX_NORMAL=p_spec.max_normal,
         P_MAX_MANTISSA_BITS=p_max_bits & 0x7FFFFF, P_MAX_EXPONENT=((p_max_bits >> 23) & 0xFF) - 127,

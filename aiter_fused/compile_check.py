@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from aiter_fused.attention import HEAD_DIMS, TILE_SIZES, _default_dot_mode
+from aiter_fused.attention import HEAD_DIMS, TILE_SIZES, _default_dot_mode, _operand_format
 from aiter_fused.kernel import _fused_softmax_attn_fwd
 from aiter_fused.launch import LAUNCHES, Launch
 from aiter_fused.quantize import _format_constants, _quantize_head_dim_kernel, _quantize_keys_kernel
@@ -60,11 +60,12 @@ class Config:
     dot_mode: Optional[str] = None  # attention: one of DOT_MODES, or None for the exact twin
     causal: bool = False
     tile_n: Optional[int] = None
+    pack_e2m1: bool = False  # quantizers: the packed e2m1 output of the "scaled" mode at MXFP4
 
     @property
     def name(self) -> str:
         if self.kernel != "attention":
-            return f"{self.kernel}/{self.mx_format}/hd{self.head_dim}"
+            return f"{self.kernel}/{self.mx_format}/hd{self.head_dim}" + ("/packed" if self.pack_e2m1 else "")
         mode = self.dot_mode or "exact"
         return f"attention/{mode}/{self.mx_format}/hd{self.head_dim}/{'causal' if self.causal else 'dense'}/n{self.tile_n}"
 
@@ -72,7 +73,7 @@ class Config:
 def configs(arch: str, matrix: str = "full") -> list[Config]:
     """Every configuration the dispatcher can launch (``full``): formats x the architecture's dot modes
     (and the exact twin) x head dims x causal x tile sizes, and the quantizers for each operand format
-    and head dim. ``ci``: the launch table's tile only, head dims 64 and 128 (64: the default dot mode
+    and head dim (MXFP4's also packed, for the "scaled" mode). ``ci``: the launch table's tile only, head dims 64 and 128 (64: the default dot mode
     and the exact twin)."""
     if matrix not in ("full", "ci"):
         raise ValueError(f"matrix must be 'full' or 'ci'; got {matrix!r}")
@@ -86,9 +87,11 @@ def configs(arch: str, matrix: str = "full") -> list[Config]:
         for dot_mode, mx_format in itertools.product(modes, MX_FORMATS):
             result.append(Config("attention", mx_format, head_dim, dot_mode, causal, tile_n))
         result.append(Config("attention", "mxfp8", head_dim, None, causal, tile_n))
-    for kernel, mx_format, head_dim in itertools.product(("quantize_head_dim", "quantize_keys"), MX_FORMATS,
-                                                         head_dims):
-        result.append(Config(kernel, mx_format, head_dim))
+    packed = (False, True) if "scaled" in LAUNCHES[arch].dot_modes else (False,)
+    for kernel, mx_format, head_dim, pack_e2m1 in itertools.product(("quantize_head_dim", "quantize_keys"), MX_FORMATS,
+                                                                    head_dims, packed):
+        if not pack_e2m1 or operand_element_format(mx_format) == "e2m1":
+            result.append(Config(kernel, mx_format, head_dim, pack_e2m1=pack_e2m1))
     return result
 
 
@@ -102,13 +105,15 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
         constants = dict(
             GROUP=1, HEAD_DIM=config.head_dim, BLOCK_M=launch.block_m, BLOCK_N=config.tile_n, CAUSAL=config.causal,
             EXACT=config.dot_mode is None, DOT_MODE=config.dot_mode or "bf16", DOT_DTYPE=tl.bfloat16,
+            OPERAND_FORMAT=_operand_format(config.mx_format, config.dot_mode is None, config.dot_mode or "bf16"),
             RETURN_RECOVERIES=False, P_MANTISSA=p["MANTISSA"], P_MIN_EXPONENT=p["MIN_EXPONENT"],
             P_MAX_NORMAL=p["MAX_NORMAL"], P_MAX_MANTISSA_BITS=p["MAX_MANTISSA_BITS"], P_MAX_EXPONENT=p["MAX_EXPONENT"])
-        operand = "*bf16" if config.dot_mode is None else "*fp8e4nv"
+        operand = {"e2m1": "*u8"}.get(constants["OPERAND_FORMAT"], "*bf16" if config.dot_mode is None else "*fp8e4nv")
         pointers = dict(_ATTENTION_POINTERS, Q=operand, K=operand, V=operand)
         kernel, floats = _fused_softmax_attn_fwd, ("scale_log2", "recovery_threshold")
     else:
-        constants = dict(HEAD_DIM=config.head_dim, **_format_constants(operand_element_format(config.mx_format)))
+        fmt = operand_element_format(config.mx_format)
+        constants = dict(HEAD_DIM=config.head_dim, **_format_constants(fmt), PACK_E2M1=config.pack_e2m1)
         if config.kernel == "quantize_head_dim":
             kernel, pointers = _quantize_head_dim_kernel, dict(X="*i16", Elements="*u8", Scale="*u8")
             constants["BLOCK_T"] = 16

@@ -11,9 +11,11 @@ block of 32 along the reduction dim. e2m3 and e2m1 values are all exactly repres
 one container serves every format without changing a value. Three dot strategies (``DOT_MODE``),
 chosen on the host:
 - ``"scaled"``: ``tl.dot_scaled`` with the block scales: native MX MFMA/MMA on gfx950 and Blackwell,
-  Triton's own emulation elsewhere (it upcasts to bf16). All formats go in as e4m3: exact, but
-  gfx950's faster fp6/fp4 rates are left unused (Triton 3.x's ``dot_scaled`` takes no e2m3, and e2m1
-  would need packing along K).
+  Triton's own emulation elsewhere (it upcasts to bf16). MXFP4's Q, K and V go in as packed e2m1
+  (``OPERAND_FORMAT``, quantize.py's Note [Packed e2m1]): gfx950's fp4 x fp4 MFMA for QK^T and fp8 x
+  fp4 for P@V (compile audit). MXFP8 and MXFP6 go in as e4m3: Triton 3.6's ``dot_scaled`` takes no
+  e2m3/e3m2, so MXFP6 runs at the fp8 rate, and P (e4m3, or six-bit values in the e4m3 container) is
+  always an fp8 operand.
 - ``"fp8"``: Hopper's FP8 tensor cores, block scales applied outside the dots. A block scale is
   constant over 32 elements of the reduction dim and one FP8 MMA step reduces over K = 32, so each
   dot covers exactly one scale block and its fp32 result takes the two scales as one exact power of
@@ -237,7 +239,7 @@ def _fused_softmax_attn_fwd(
     scale_log2, recovery_threshold,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EXACT: tl.constexpr, DOT_MODE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    RETURN_RECOVERIES: tl.constexpr,
+    OPERAND_FORMAT: tl.constexpr, RETURN_RECOVERIES: tl.constexpr,
     P_MANTISSA: tl.constexpr, P_MIN_EXPONENT: tl.constexpr, P_MAX_NORMAL: tl.constexpr,
     P_MAX_MANTISSA_BITS: tl.constexpr, P_MAX_EXPONENT: tl.constexpr,
 ):
@@ -245,7 +247,8 @@ def _fused_softmax_attn_fwd(
     (dense inputs arrive flattened); V is addressed through three strides (token, head, head_dim) so
     that the FP8 path can take it transposed. EXACT: the same loop with online softmax and exact exp2
     on the unquantized BF16 operands (the like-for-like baseline); DOT_MODE: Note [MX dots, per
-    architecture]."""
+    architecture]; OPERAND_FORMAT: the "scaled" mode's Q/K/V format, "e4m3" (container) or "e2m1"
+    (packed, quantize.py's Note [Packed e2m1])."""
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head_q = tl.program_id(2)
@@ -278,7 +281,10 @@ def _fused_softmax_attn_fwd(
                                            other=0.0),)
             q_factors = q_factors + (_scale_byte_factor(tl.load(q_scale_ptrs + c, mask=row_ok, other=127)),)
     elif DOT_MODE == "scaled":
-        q = tl.load(q_row_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        if OPERAND_FORMAT == "e2m1":
+            q = tl.load(q_row_ptrs + tl.arange(0, HEAD_DIM // 2)[None, :], mask=row_ok[:, None], other=0)
+        else:
+            q = tl.load(q_row_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         q_scale = tl.load(q_scale_ptrs[:, None] + offs_ds[None, :], mask=row_ok[:, None], other=127)
     else:
         q = tl.load(q_row_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -354,14 +360,22 @@ def _fused_softmax_attn_fwd(
             keys = n_start + offs_n
             key_ok = keys < seqlen_k
             k_rows = (k_start + keys).to(tl.int64)
-            k = tl.load(k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :],
-                        other=0.0)  # [HEAD_DIM, BLOCK_N]
-            v = tl.load(v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=key_ok[:, None],
-                        other=0.0)  # [BLOCK_N, HEAD_DIM]
+            if OPERAND_FORMAT == "e2m1":  # head_dim pairs and key pairs in one byte (Note [Packed e2m1])
+                pairs = tl.arange(0, BLOCK_N // 2)
+                k = tl.load(k_head + k_rows[None, :] * stride_kt + tl.arange(0, HEAD_DIM // 2)[:, None],
+                            mask=key_ok[None, :], other=0)  # [HEAD_DIM / 2, BLOCK_N]
+                v_rows = (v_block0 * 16 + n_start // 2 + pairs).to(tl.int64)  # by block: 16 rows a block
+                v = tl.load(v_head + v_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                            mask=(n_start + 2 * pairs < seqlen_k)[:, None], other=0)  # [BLOCK_N / 2, HEAD_DIM]
+            else:
+                k = tl.load(k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :],
+                            other=0.0)  # [HEAD_DIM, BLOCK_N]
+                v = tl.load(v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                            mask=key_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
             if DOT_MODE == "scaled":
                 k_scale = tl.load(K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
                                   mask=key_ok[:, None], other=127)
-                s = tl.dot_scaled(q, q_scale, "e4m3", k, k_scale, "e4m3")
+                s = tl.dot_scaled(q, q_scale, OPERAND_FORMAT, k, k_scale, OPERAND_FORMAT)
             else:
                 k_scale = tl.load(K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh
                                   + (offs_d // 32)[:, None], mask=key_ok[None, :], other=127)
@@ -380,7 +394,7 @@ def _fused_softmax_attn_fwd(
                 v_scale = tl.load(v_scale_head + v_blocks[None, :].to(tl.int64) * stride_vsb + offs_d[:, None],
                                   mask=(block_keys < seqlen_k)[None, :], other=127)
                 p_scale = (p_exponent + 127).to(tl.uint8)
-                acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, "e4m3", acc)
+                acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
             else:
                 v_blocks = v_block0 + keys // 32
                 v_scale = tl.load(v_scale_head + v_blocks[:, None].to(tl.int64) * stride_vsb + offs_d[None, :],

@@ -4,6 +4,17 @@ The kernel in ``kernel.py`` takes its operands pre-quantized: e4m3-container ele
 per block of 32 along the reduction dim (Q and K along head_dim, V along keys, per sequence). Done with
 ``fa4_rowmax.reference.mx.quantize_mx`` in torch, that pre-pass is some 200 elementwise ops over fp32 copies of
 the operands per call (about 58 GB of memory traffic at batch 4, seqlen 8K, 16 heads, head_dim 128:
+Note [Packed e2m1]
+~~~~~~~~~~~~~~~~~
+For the "scaled" dot mode at MXFP4 (gfx950's fp4 MFMA, ``kernel.py`` Note [MX dots, per architecture]),
+``tl.dot_scaled`` takes e2m1 operands packed two to a byte along the reduction dim, the even element in
+the low nibble (Triton's convention, ``triton.tools.mxfp``). Each code is sign << 3 | exponent << 1 |
+mantissa, so the codes hold exactly the values ``mx.py`` rounds to (the tests unpack and compare). Q and
+K pack along head_dim. V packs along keys, and its blocks of 32 keys restart at every sequence, so a pair
+could straddle two sequences if rows followed the tokens: the packed V is laid out by block instead (16
+rows a block, the last block's padding keys 0), and the kernel addresses it by ``cu_blocks``. e2m1 has no
+NaN: in a poisoned block the scale byte 255 alone carries it (each code keeps only its sign).
+
 Note [Cost of the pre-pass]); here it is one read of each BF16 operand and one write of its elements
 and scales (about 0.6 GB at that shape).
 
@@ -56,11 +67,24 @@ def _bf16_bits_to_fp32(bits):
 
 
 @triton.jit
+def _e2m1_codes(elements):
+    """e2m1 grid values (fp32, sign kept) -> their 4-bit codes as int32: sign << 3 | exponent << 1 |
+    mantissa (0.5 is the subnormal code 1). NaN gives a code of its sign: the block's scale byte 255
+    carries the NaN (e2m1 has none)."""
+    bits = elements.to(tl.int32, bitcast=True)
+    magnitude = tl.abs(elements)
+    normal = (((((bits >> 23) & 0xFF) - 127) + 1) << 1) | ((bits >> 22) & 1)  # 1 .. 6: exponent 0 .. 2
+    code = tl.where(magnitude >= 1.0, normal, tl.where(magnitude == 0.5, 1, 0))
+    return ((bits >> 28) & 8) | code
+
+
+@triton.jit
 def _quantize_block(x, AXIS: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr,
-                    MAX_NORMAL: tl.constexpr, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+                    MAX_NORMAL: tl.constexpr, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr,
+                    E2M1_CODES: tl.constexpr):
     """MX-quantize fp32 ``x`` in blocks along ``AXIS`` (the block is that whole axis). Returns (the
-    elements as e4m3 bytes (uint8), NaN in poisoned blocks; biased scale bytes as int32, 255 for
-    poisoned blocks). Note [Bit-exact to mx.py]."""
+    elements as e4m3 bytes (uint8), NaN in poisoned blocks, or with ``E2M1_CODES`` as e2m1 codes (int32,
+    Note [Packed e2m1]); biased scale bytes as int32, 255 for poisoned blocks). Note [Bit-exact to mx.py]."""
     finite = tl.abs(x) < float("inf")  # False for NaN and +-Inf
     amax = tl.max(tl.where(finite, tl.abs(x), 0.0), axis=AXIS)
     poisoned = tl.max((~finite).to(tl.int32), axis=AXIS) > 0
@@ -70,10 +94,13 @@ def _quantize_block(x, AXIS: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXPONENT:
     elements = _round_to_element(x * tl.expand_dims(factor, AXIS), MANTISSA, MIN_EXPONENT, MAX_NORMAL)
     sign = x.to(tl.int32, bitcast=True) & -2147483648  # 0x80000000: the input's sign bit
     elements = (elements.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    # e4m3 bytes, NaN written as its byte (0x7F): the conversion is exact for grid values, but how it
-    # treats a NaN differs between backends (Triton's interpreter saturates it).
-    element_bytes = elements.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    element_bytes = tl.where(tl.expand_dims(poisoned, AXIS), 0x7F, element_bytes)
+    if E2M1_CODES:
+        element_bytes = _e2m1_codes(elements)
+    else:
+        # e4m3 bytes, NaN written as its byte (0x7F): the conversion is exact for grid values, but how it
+        # treats a NaN differs between backends (Triton's interpreter saturates it).
+        element_bytes = elements.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        element_bytes = tl.where(tl.expand_dims(poisoned, AXIS), 0x7F, element_bytes)
     return element_bytes, tl.where(poisoned, 255, exponent + 127)
 
 
@@ -82,7 +109,7 @@ def _quantize_head_dim_kernel(X, Elements, Scale, tokens,
                               stride_xt, stride_xh, stride_xd, stride_et, stride_eh, stride_st, stride_sh,
                               HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
                               MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                              MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+                              MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr, PACK_E2M1: tl.constexpr):
     """One program: BLOCK_T tokens of one head, every MX block of their head_dim."""
     head = tl.program_id(1)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -93,10 +120,15 @@ def _quantize_head_dim_kernel(X, Elements, Scale, tokens,
                                    other=0))
     blocks = tl.reshape(x, (BLOCK_T, HEAD_DIM // 32, 32))
     elements, scale = _quantize_block(blocks, 2, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS,
-                                      MAX_EXPONENT)
-    elements = tl.reshape(elements, (BLOCK_T, HEAD_DIM))
-    tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :],
-             elements.to(tl.uint8), mask=ok)
+                                      MAX_EXPONENT, PACK_E2M1)
+    if PACK_E2M1:  # Note [Packed e2m1]: head_dim pairs in one byte
+        low, high = tl.split(tl.reshape(elements, (BLOCK_T, HEAD_DIM // 2, 2)))
+        tl.store(Elements + rows * stride_et + head * stride_eh + tl.arange(0, HEAD_DIM // 2)[None, :],
+                 (low | (high << 4)).to(tl.uint8), mask=ok)
+    else:
+        elements = tl.reshape(elements, (BLOCK_T, HEAD_DIM))
+        tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :],
+                 elements.to(tl.uint8), mask=ok)
     offs_s = tl.arange(0, HEAD_DIM // 32)
     tl.store(Scale + rows * stride_st + head * stride_sh + offs_s[None, :], scale.to(tl.uint8), mask=ok)
 
@@ -106,7 +138,7 @@ def _quantize_keys_kernel(V, Elements, Scale, cu_seqlens, cu_blocks, seq_of_bloc
                           stride_vt, stride_vh, stride_vd, stride_et, stride_eh, stride_ed, stride_sb, stride_sh,
                           HEAD_DIM: tl.constexpr,
                           MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                          MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+                          MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr, PACK_E2M1: tl.constexpr):
     """One program: one MX block (32 keys of one sequence) of one head, every head_dim lane. Blocks past
     the last sequence's (the grid is a bound, see ``quantize_keys``) return at once."""
     block = tl.program_id(0)
@@ -121,9 +153,17 @@ def _quantize_keys_kernel(V, Elements, Scale, cu_seqlens, cu_blocks, seq_of_bloc
     rows = keys.to(tl.int64)[:, None]
     x = _bf16_bits_to_fp32(tl.load(V + rows * stride_vt + head * stride_vh + offs_d[None, :] * stride_vd, mask=ok,
                                    other=0))
-    elements, scale = _quantize_block(x, 0, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT)
-    tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
-             elements.to(tl.uint8), mask=ok)
+    elements, scale = _quantize_block(x, 0, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT,
+                                      PACK_E2M1)
+    if PACK_E2M1:  # Note [Packed e2m1]: key pairs of the block in one byte, the whole block (padding: 0)
+        pairs = tl.permute(tl.reshape(elements, (16, 2, HEAD_DIM)), (0, 2, 1))
+        low, high = tl.split(pairs)
+        packed_rows = (block * 16 + tl.arange(0, 16)).to(tl.int64)[:, None]
+        tl.store(Elements + packed_rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
+                 (low | (high << 4)).to(tl.uint8))
+    else:
+        tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
+                 elements.to(tl.uint8), mask=ok)
     tl.store(Scale + block.to(tl.int64) * stride_sb + head * stride_sh + offs_d, scale.to(tl.uint8))
 
 
@@ -154,25 +194,39 @@ def _check_operand(name: str, x) -> None:
                          f"multiple of {MX_BLOCK}; got shape {tuple(x.shape)}")
 
 
-def quantize_head_dim(x: torch.Tensor, fmt: str):
+def _check_pack(fmt: str, pack_e2m1) -> None:
+    if not isinstance(pack_e2m1, bool):
+        raise TypeError(f"pack_e2m1 must be a bool; got {type(pack_e2m1).__name__}")
+    if pack_e2m1 and fmt != "e2m1":
+        raise ValueError(f"pack_e2m1=True needs fmt='e2m1'; got fmt={fmt!r}")
+
+
+def quantize_head_dim(x: torch.Tensor, fmt: str, pack_e2m1: bool = False):
     """MX-quantize ``x`` (tokens, heads, head_dim), BF16, in blocks of 32 along head_dim. Returns
     ``(scale, elements)`` like ``quantize_mx(x, fmt, dim=-1)``: scale uint8 (tokens, heads, head_dim // 32),
-    elements ``torch.float8_e4m3fn`` (every element format fits e4m3)."""
+    elements ``torch.float8_e4m3fn`` (every element format fits e4m3); with ``pack_e2m1=True`` (fmt
+    e2m1) elements uint8 (tokens, heads, head_dim // 2), two codes a byte (Note [Packed e2m1])."""
     _check_operand("x", x)
+    _check_pack(fmt, pack_e2m1)
     constants = _format_constants(fmt)
     tokens, heads, head_dim = x.shape
-    elements = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    if pack_e2m1:
+        elements = torch.empty(tokens, heads, head_dim // 2, dtype=torch.uint8, device=x.device)
+    else:
+        elements = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(tokens, heads, head_dim // MX_BLOCK, dtype=torch.uint8, device=x.device)
     block_t = 16
     if tokens and heads:
         _quantize_head_dim_kernel[(triton.cdiv(tokens, block_t), heads)](
             x.view(torch.int16), elements.view(torch.uint8), scale, tokens, *x.stride(), elements.stride(0),
             elements.stride(1),
-            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, BLOCK_T=block_t, **constants, num_warps=4)
+            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, BLOCK_T=block_t, **constants, PACK_E2M1=pack_e2m1,
+            num_warps=4)
     return scale, elements
 
 
-def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_contiguous: bool = False):
+def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_contiguous: bool = False,
+                  pack_e2m1: bool = False):
     """MX-quantize ``v`` (total_k, heads_k, head_dim), BF16, in blocks of 32 keys that restart at every
     sequence of ``cu_seqlens_k`` (int32, batch + 1, on v's device, assumed well formed).
 
@@ -181,8 +235,13 @@ def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_co
     head_dim stride keeps 16-byte alignment); scale uint8 (blocks, heads_k, head_dim), sequence ``s``'s
     blocks at ``cu_blocks[s]:cu_blocks[s + 1]``. ``blocks`` is a bound known without reading
     ``cu_seqlens_k`` back (each sequence ends at most one partial block); the scale rows past
-    ``cu_blocks[-1]`` are left unwritten and never read."""
+    ``cu_blocks[-1]`` are left unwritten and never read. ``pack_e2m1=True`` (fmt e2m1, not with
+    ``keys_contiguous``): elements uint8 (blocks * 16, heads_k, head_dim), block ``b``'s key pairs in rows
+    ``16 b .. 16 b + 15``, padding keys of a sequence's last block 0 (Note [Packed e2m1])."""
     _check_operand("v", v)
+    _check_pack(fmt, pack_e2m1)
+    if pack_e2m1 and keys_contiguous:
+        raise ValueError("pack_e2m1=True and keys_contiguous=True cannot be combined (the FP8 dots take no e2m1)")
     if not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.dtype != torch.int32 or cu_seqlens_k.dim() != 1:
         raise TypeError("cu_seqlens_k must be a 1-D int32 tensor of batch + 1 offsets")
     constants = _format_constants(fmt)
@@ -194,7 +253,9 @@ def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_co
     num_blocks = total // MX_BLOCK + batch
     seq_of_block = torch.searchsorted(cu_blocks[1:], torch.arange(num_blocks, device=v.device), right=True)
     cu_blocks, seq_of_block = cu_blocks.to(torch.int32), seq_of_block.to(torch.int32)
-    if keys_contiguous:
+    if pack_e2m1:
+        elements = torch.empty(num_blocks * 16, heads_k, head_dim, dtype=torch.uint8, device=v.device)
+    elif keys_contiguous:
         storage = torch.empty(heads_k, head_dim, -(-total // 16) * 16, dtype=torch.float8_e4m3fn, device=v.device)
         elements = storage[:, :, :total].permute(2, 0, 1)
     else:
@@ -204,5 +265,5 @@ def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_co
         _quantize_keys_kernel[(num_blocks, heads_k)](
             v.view(torch.int16), elements.view(torch.uint8), scale, cu_seqlens_k, cu_blocks, seq_of_block, batch,
             *v.stride(), *elements.stride(),
-            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, **constants, num_warps=4)
+            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, **constants, PACK_E2M1=pack_e2m1, num_warps=4)
     return elements, scale, cu_blocks

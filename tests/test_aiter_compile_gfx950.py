@@ -80,7 +80,7 @@ def test_no_dot_is_computed_twice(audit):
 
 def test_exact_twin_and_quantizers_do_not_spill(audit):
     checked = _attention(audit, None) + [r for r in audit["configs"] if r["kernel"] != "attention"]
-    assert len(checked) == 16
+    assert len(checked) == {"gfx950": 20, "gfx942": 16}[audit["arch"]]  # gfx950: MXFP4's packed quantizers too
     assert {r["name"]: r["vgpr_spill_count"] for r in checked if r["vgpr_spill_count"] != 0} == {}
 
 
@@ -93,10 +93,18 @@ def test_gfx950_default_dot_mode_does_not_spill(audits):
 
 def test_gfx950_scaled_path_runs_on_the_scaled_mfma(audits):
     """Every "scaled" configuration multiplies with gfx950's block-scaled MFMA and nothing else: per wave
-    and KV tile, QK^T (32 rows x tile_n keys) and P@V (32 rows x head_dim), K = 64 per instruction."""
+    and KV tile, QK^T (32 rows x tile_n keys) and P@V (32 rows x head_dim), K = 64 per instruction. MXFP4
+    runs fp4 operands: QK^T fp4 x fp4, P@V V fp4 x P fp8 (P holds six-bit values in the e4m3 container;
+    Triton computes the transposed products, so A is K or V). MXFP8 and MXFP6 run fp8 x fp8 (Triton 3.6's
+    dot_scaled takes no fp6: MXFP6's fp6 rate stays unused, recorded in the JSON, not asserted)."""
     scaled = _attention(audits("gfx950"), "scaled")
+    assert len(scaled) == 12
+    expected_formats = {"mxfp8": {("fp8_e4m3", "fp8_e4m3")}, "mxfp6": {("fp8_e4m3", "fp8_e4m3")},
+                        "mxfp4": {("fp4_e2m1", "fp4_e2m1"), ("fp4_e2m1", "fp8_e4m3")}}
     for record in scaled:
-        assert [m["instruction"] for m in record["mfma"]] == [SCALED_MFMA], record["name"]
+        assert {m["instruction"] for m in record["mfma"]} == {SCALED_MFMA}, record["name"]
+        formats = {(m["a_format"], m["b_format"]) for m in record["mfma"]}
+        assert formats == expected_formats[record["mx_format"]], record["name"]
         head_dim, tile_n = record["head_dim"], record["tile_n"]
         per_tile = (tile_n // 32) * (head_dim // 64) + (head_dim // 32) * (tile_n // 64)
         assert record["main_loop"]["mfma"] == per_tile, record["name"]

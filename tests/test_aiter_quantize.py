@@ -98,6 +98,59 @@ def test_key_blocks_restart_per_sequence(fmt, keys_contiguous):
         _assert_bit_equal(scale[cu_blocks[s]:cu_blocks[s + 1]], elements[start:end], ref_scale, ref_elements)
 
 
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def _e2m1_codes(values):
+    """The 4-bit codes of quantize_mx's e2m1 values: sign << 3 | index of the magnitude in the grid."""
+    code = (values.double().abs().unsqueeze(-1) == E2M1_VALUES).double().argmax(-1).to(torch.uint8)
+    return (torch.signbit(values).to(torch.uint8) << 3) | code
+
+
+def _unpack(packed, dim):
+    """Two codes a byte along ``dim``, the even element in the low nibble (Note [Packed e2m1])."""
+    dim %= packed.dim()
+    return torch.stack((packed & 0xF, packed >> 4), dim=dim + 1).flatten(dim, dim + 1)
+
+
+def test_head_dim_e2m1_packed_bit_equal_to_mx():
+    """Note [Packed e2m1]: the codes are mx.py's e2m1 values, signed zeros included; a poisoned block is
+    its scale byte 255."""
+    gen = torch.Generator().manual_seed(24)
+    x = _hard_blocks(37, 3, 64, gen)
+    scale, packed = quantize_head_dim(x.to(DEVICE), "e2m1", pack_e2m1=True)
+    assert packed.dtype == torch.uint8 and packed.shape == (37, 3, 32)
+    ref_scale, ref_elements = quantize_mx(x, "e2m1", dim=-1)
+    assert torch.equal(scale.cpu(), ref_scale) and bool((ref_scale == 255).any())
+    finite = (ref_scale != 255).repeat_interleave(32, dim=-1)
+    codes = _unpack(packed.cpu(), -1)
+    assert torch.equal(codes[finite], _e2m1_codes(ref_elements)[finite])
+    assert bool((codes[finite] == 8).any()) and bool((codes[finite] == 7).any())  # -0 and 6 occur
+
+
+def test_key_blocks_e2m1_packed_by_block():
+    """V packed along keys, laid out by block: sequence s's keys in rows 16 * cu_blocks[s] on, the padding
+    keys of its last block 0 (Note [Packed e2m1])."""
+    gen = torch.Generator().manual_seed(25)
+    lengths = [0, 1, 31, 32, 33, 70]
+    bounds = torch.tensor([0] + lengths).cumsum(0)
+    v = _hard_blocks(int(bounds[-1]), 2, 64, gen)
+    cu = bounds.to(torch.int32)
+    elements, scale, cu_blocks = quantize_keys(v.to(DEVICE), "e2m1", cu.to(DEVICE), pack_e2m1=True)
+    assert elements.dtype == torch.uint8 and elements.shape == (scale.shape[0] * 16, 2, 64)
+    for s in range(len(lengths)):
+        start, end = int(bounds[s]), int(bounds[s + 1])
+        if start == end:
+            continue
+        first, last = int(cu_blocks[s]), int(cu_blocks[s + 1])
+        ref_scale, ref_elements = quantize_mx(v[start:end], "e2m1", dim=0)
+        assert torch.equal(scale[first:last].cpu(), ref_scale)
+        codes = _unpack(elements[16 * first:16 * last].cpu(), 0)
+        finite = (ref_scale != 255).repeat_interleave(32, dim=0)[:end - start]
+        assert torch.equal(codes[:end - start][finite], _e2m1_codes(ref_elements)[finite])
+        assert bool((codes[end - start:] == 0).all())
+
+
 def test_empty_and_bad_arguments():
     empty = torch.zeros(0, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     scale, elements = quantize_head_dim(empty, "e4m3")
@@ -112,6 +165,10 @@ def test_empty_and_bad_arguments():
         quantize_head_dim(x, "e5m2")
     with pytest.raises(TypeError, match="cu_seqlens_k"):
         quantize_keys(x, "e4m3", cu.long())
+    with pytest.raises(ValueError, match="pack_e2m1=True needs fmt='e2m1'"):
+        quantize_head_dim(x, "e2m3", pack_e2m1=True)
+    with pytest.raises(ValueError, match="pack_e2m1=True and keys_contiguous=True"):
+        quantize_keys(x, "e2m1", cu, keys_contiguous=True, pack_e2m1=True)
 
 
 _SM90_COMPILE = textwrap.dedent("""
@@ -125,7 +182,7 @@ _SM90_COMPILE = textwrap.dedent("""
             (_quantize_keys_kernel, dict(V="*i16", Elements="*u8", Scale="*u8", cu_seqlens="*i32",
                                          cu_blocks="*i32", seq_of_block="*i32"), {})):
         for fmt in ("e4m3", "e2m1"):
-            constants = dict(HEAD_DIM=128, **extra, **_format_constants(fmt))
+            constants = dict(HEAD_DIM=128, **extra, **_format_constants(fmt), PACK_E2M1=fmt == "e2m1")
             signature = {name: pointers.get(name, "constexpr" if name in constants else "i32")
                          for name in kernel.arg_names}
             compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
