@@ -169,7 +169,7 @@ def flash_attn_fp8_sm90(
     """SM90 FP8 attention forward -> (out BF16, lse fp32).
 
     Levers (keyword-only): `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]),
-    `row_sum="mma"` (Note [Row sum by the MMA]; out is then a view of a (.., head_dim + 8) buffer),
+    `row_sum="mma"` (Note [Row sum by the MMA]),
     `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]), `tile_n` (keys per tile, a multiple of 32). `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -208,7 +208,9 @@ def flash_attn_fp8_sm90(
     from flash_attn.cute.testing import is_fake_mode
 
     row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
-    out_buffer = torch.empty(batch, seqlen_q, heads_q, head_dim + row_sum_rows, dtype=torch.bfloat16, device=q.device)
+    # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum
+    # columns at out's last dimension, so out stays a contiguous (batch, seqlen_q, heads_q, head_dim) tensor.
+    out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     fake = is_fake_mode()
     if fake:
@@ -223,13 +225,13 @@ def flash_attn_fp8_sm90(
 
         vt, descale = v_transpose(v, *descales, row_sum_rows=row_sum_rows)
     if config not in _compile_cache:
-        _compile_cache[config] = _compile(config, q, k, vt, out_buffer, lse, descale)
+        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale)
     if fake:
-        return out_buffer, lse
+        return out, lse
     from flash_attn.cute.utils import AuxData
 
     aux = AuxData([descale], None) if descale is not None else AuxData()
     q_u8, k_u8, vt_u8 = (t.view(torch.uint8) for t in (q, k, vt))
-    _compile_cache[config](q_u8, k_u8, vt_u8, out_buffer, lse, float(softmax_scale),
+    _compile_cache[config](q_u8, k_u8, vt_u8, out, lse, float(softmax_scale),
                            None, None, None, None, None, None, None, None, None, aux, None, None)
-    return (out_buffer[..., :head_dim] if row_sum_rows else out_buffer), lse
+    return out, lse

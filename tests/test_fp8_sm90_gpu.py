@@ -16,7 +16,8 @@ As Note [Kernel vs reference: lattice flips] (fa4_rowmax/gates/tolerances.py), w
   of exact's exp2(y) steps at the midpoints between e4m3 values (ratio 1 + 2^-3 for normals). An element
   within delta of a step (`fragile`) may round the other way: out moves by at most (r - 1) 2^env pi_j 2 max|v|,
   the LSE by (r - 1) 2^env pi_j (pi the exact fp64 softmax, env = log2 of the weight's envelope: H15
-  log2(1.5), exact 2^-4 for the e4m3 rounding). Between steps exact moves smoothly: ln2 delta (2 max|v|).
+  log2(1.5), exact 2^-4 for the e4m3 rounding). Between steps exact's out moves smoothly: ln2 delta (2 max|v|);
+  the LSE holds the anchor m * scale_log2 itself, so it moves by ln2 delta in both modes.
 - The PV GEMM adds ceil(L_k / 32) k-blocks in the FP8 accumulator: each add loses up to 2^-13 of the running
   sum, so out moves by at most ceil(L_k / 32) 2^-13 max|v| (the fp32 row sum by fp32 rounding, the MMA row sum
   by the same 2^-13 per block, which moves the LSE by ceil(L_k / 32) 2^-13). Both sides round out to BF16.
@@ -117,7 +118,8 @@ def _fp8_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=None, row
     smooth = math.log(2.0) * delta if config.mode == "exact" else 0.0 * delta
     out_bound = (flips + smooth) * 2 * v_max + accumulation * v_max + 2 * 2.0**-8 * o_ref.abs().amax(-1)
     out_bound = out_bound + (accumulation * v_max if row_sum_by_mma else 0.0)
-    lse_bound = flips + smooth + (accumulation if row_sum_by_mma else 2.0**-20)
+    # The LSE also carries the anchor itself (m * scale_log2 from the score GEMM): ln2 delta in every mode.
+    lse_bound = flips + math.log(2.0) * delta + (accumulation if row_sum_by_mma else 2.0**-20)
     lse_ref = torch.logsumexp(x * math.log(2.0), dim=-1)
     lse_bound = lse_bound + 4 * 2.0**-24 * lse_ref.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
     out_bound = torch.minimum(out_bound, 2 * v_max).where(has_key, 0.0)
