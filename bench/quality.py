@@ -71,6 +71,7 @@ QUICK_MODES = ("exact_ref", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8")
 FULL_MODES = (
     "exact_ref", "exact_bf16p", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8", "rowmax_h15_row",
     "baps_l0", "baps_l1", "baps_l2", "fused_mxfp8", "fused_mxfp6", "fused_mxfp4", "fused_hybrid",
+    "exact_fp8_inputs", "exact_fp8", "rowmax_h15_fp8",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BOOTSTRAP_REPS = 5000

@@ -45,10 +45,13 @@ KERNEL_PREFIX = "kernel_"
 # max_offset 8 (the reference's Notes [FP8 inputs and descales] and [H15 with FP8 P]). Scale 1 is enough
 # here because e4m3 is a floating-point format: its relative precision (2^-4) is the same from 2^-6 to 448,
 # so a scale only matters for values outside that range; each call counts the inputs that saturated
-# (`fp8_saturated`, in the run's counters) and, through its BF16 output, the study's delta-NLL shows the rest.
+# (`fp8_saturated`) and those below 2^-6, where e4m3 has fewer significant bits (`fp8_below_normal`), in the
+# run's counters. `exact_fp8_inputs` (e4m3 q/k/v, P in fp32; reference only) separates the operands' share of
+# the FP8 cost from P's.
 # The reference and the kernel cast the same BF16-rounded values (`AttentionRunState.reference_input_dtype`),
 # so the simulator sees the kernel's bytes.
 E4M3_MAX = 448.0
+E4M3_TINY = 2.0**-6  # smallest normal
 
 @dataclass(frozen=True)
 class ModeSpec:
@@ -82,10 +85,20 @@ def _fa4_mode(name: str, description: str, softmax_mode: str, reference_fields: 
     return ModeSpec(name, description, config_fields, "fa4", kernel_kwargs)
 
 
-def to_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """x in e4m3 with scale 1, saturating at +-448 (Note [FP8 modes in the study]), and how many saturated."""
-    saturated = int((x.abs() > E4M3_MAX).sum())
-    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), saturated
+def to_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """x in e4m3 with scale 1, saturating at +-448 (Note [FP8 modes in the study]), and the counters
+    `fp8_saturated` (|x| > 448) and `fp8_below_normal` (0 < |x| < 2^-6)."""
+    magnitude = x.abs()
+    counts = {"fp8_saturated": int((magnitude > E4M3_MAX).sum()),
+              "fp8_below_normal": int(((magnitude > 0) & (magnitude < E4M3_TINY)).sum())}
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), counts
+
+
+def _fp8_inputs(q, k, v) -> tuple[list[torch.Tensor], dict]:
+    """q, k, v through `to_e4m3`, with their counters summed."""
+    cast = [to_e4m3(t) for t in (q, k, v)]
+    totals = {name: sum(counts[name] for _, counts in cast) for name in cast[0][1]}
+    return [t for t, _ in cast], totals
 
 
 def _fp8_sm90_kernel(spec: ModeSpec):
@@ -93,9 +106,9 @@ def _fp8_sm90_kernel(spec: ModeSpec):
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 
     def call(module, q, k, v, causal, scale):
-        (q8, sq), (k8, sk), (v8, sv) = (to_e4m3(t) for t in (q, k, v))
+        (q8, k8, v8), counters = _fp8_inputs(q, k, v)
         out, _lse = flash_attn_fp8_sm90(q8, k8, v8, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
-        return out, {"fp8_saturated": sq + sk + sv}
+        return out, counters
 
     return call
 
@@ -134,6 +147,9 @@ def _mode_table() -> dict[str, ModeSpec]:
     specs += [
         _fp8_mode("exact_fp8", "exact softmax on e4m3 q/k/v (scale 1), P in e4m3 with FA4's max_offset 8 (SM90 FP8)",
                   "exact"),
+        ModeSpec("exact_fp8_inputs", "exact softmax on e4m3 q/k/v (scale 1), P in fp32: the operands' share of the "
+                 "FP8 cost (control, reference only)", {"mode": "exact", "anchor": "tile", "p_dtype": torch.float32},
+                 None, fp8_inputs=True),
         _fp8_mode("rowmax_h15_fp8", "Rowmax-H15 on e4m3 q/k/v, P's e4m3 bytes from the half-octave index (flushed "
                   "below 2^-14 of the max), rescale threshold 0 (SM90 FP8)", "rowmax_h15", rescale_threshold=0.0),
     ]
@@ -275,15 +291,13 @@ def _reference_backend(spec: ModeSpec):
         out_dtype = q.dtype
         if in_dtype is not None:
             q, k, v = q.to(in_dtype), k.to(in_dtype), v.to(in_dtype)
-        saturated = None
+        fp8_counters = {}
         if spec.fp8_inputs:
-            (q, sq), (k, sk), (v, sv) = (to_e4m3(t) for t in (q, k, v))
-            saturated = sq + sk + sv
+            (q, k, v), fp8_counters = _fp8_inputs(q, k, v)
         out, _lse, counters = attention_reference(
             q, k, v, config, causal=causal, softmax_scale=scale, compute_dtype=torch.float32, return_counters=True
         )
-        if saturated is not None:
-            counters["fp8_saturated"] = saturated
+        counters.update(fp8_counters)
         if state is not None:
             state.tally.add(module.layer_idx, counters)
         return out.to(out_dtype)

@@ -1,0 +1,106 @@
+"""The FP8 modes of the quality study (fa4_rowmax/hf.py, Note [FP8 modes in the study]): e4m3 inputs and P through
+the reference, the SM90 FP8 kernel as their kernel."""
+
+import pytest
+import torch
+
+from fa4_rowmax import hf
+from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+from fa4_rowmax.reference.attention import attention_reference
+
+from test_hf_attention import logits, tiny_llama
+
+E4M3 = torch.float8_e4m3fn
+FP8_MODES = ("exact_fp8", "rowmax_h15_fp8")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    return hf.register(["exact_ref", "exact_fp8_inputs", *FP8_MODES])
+
+
+def test_fp8_modes_are_the_kernels_semantics():
+    from fa4_rowmax.fp8_sm90 import resolve_stage
+    from fa4_rowmax.stage.softmax_sm90_fp8 import FP8_MAX_OFFSET as KERNEL_MAX_OFFSET
+
+    assert hf.MODES["exact_fp8"].config(0, 1) == SoftmaxConfig(mode="exact", anchor="tile", max_offset=8, p_dtype=E4M3)
+    assert hf.MODES["rowmax_h15_fp8"].config(0, 1) == SoftmaxConfig(
+        mode="rowmax_h15", anchor="tile", max_offset=8, p_dtype=E4M3, rescale_threshold=0.0)
+    assert KERNEL_MAX_OFFSET == FP8_MAX_OFFSET
+    for name in FP8_MODES:
+        spec = hf.MODES[name]
+        assert spec.kernel == "fp8_sm90" and spec.fp8_inputs and spec.kernel_factory is not None
+        kwargs = dict(spec.kernel_kwargs)
+        stage = resolve_stage(kwargs.pop("softmax_mode"), kwargs.pop("rescale_threshold", None), None, False)
+        assert not kwargs
+        config = spec.config(0, 1)
+        assert (stage.mode, stage.rescale_threshold, stage.anchor_rounding) == (
+            config.mode, config.rescale_threshold, config.anchor_rounding)
+
+
+def test_to_e4m3_saturates_and_counts():
+    x = torch.tensor([1.0, -500.0, 448.0, 449.0, 0.1, -0.01, 0.0])
+    x8, counts = hf.to_e4m3(x)
+    assert x8.dtype == E4M3 and counts == {"fp8_saturated": 2, "fp8_below_normal": 1}
+    assert x8.float().tolist() == [1.0, -448.0, 448.0, 448.0, 0.1015625, -0.009765625, 0.0]
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_mode_runs_the_reference_on_e4m3_inputs(mode):
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, 6, 200, 64) * 2, torch.randn(1, 2, 200, 64), torch.randn(1, 2, 200, 64)
+    module = tiny_llama(seed=3, num_layers=1).model.layers[0].self_attn
+    state = hf.attach(module)
+    got, _ = hf.make_attention_function(mode)(module, q, k, v, None, scaling=0.125)
+    q8, k8, v8 = (t.transpose(1, 2).to(E4M3) for t in (q, k, v))
+    expected, _ = attention_reference(q8, k8, v8, hf.MODES[mode].config(0, 1), causal=True, softmax_scale=0.125)
+    assert torch.equal(got, expected.float())  # both (batch, seqlen, heads, head_dim)
+    exact, _ = hf.make_attention_function("exact_ref")(module, q, k, v, None, scaling=0.125)
+    assert not torch.equal(got, exact)
+    assert state.tally.totals["fp8_saturated"] == 0
+    assert state.tally.totals["fp8_below_normal"] == sum(int((t.abs() < 2.0**-6).sum()) for t in (q, k, v)) > 0
+    got, _ = hf.make_attention_function(mode)(module, q * 300, k, v, None, scaling=0.125)
+    assert state.tally.totals["fp8_saturated"] == int(((q * 300).abs() > 448).sum()) > 0
+
+
+def test_fp8_inputs_control_rounds_only_the_operands():
+    torch.manual_seed(6)
+    q, k, v = torch.randn(1, 6, 150, 64), torch.randn(1, 2, 150, 64), torch.randn(1, 2, 150, 64)
+    module = tiny_llama(seed=6, num_layers=1).model.layers[0].self_attn
+    got, _ = hf.make_attention_function("exact_fp8_inputs")(module, q, k, v, None, scaling=0.125)
+    q8, k8, v8 = (t.transpose(1, 2).to(E4M3) for t in (q, k, v))
+    expected, _ = attention_reference(q8, k8, v8, SoftmaxConfig(p_dtype=torch.float32), causal=True, softmax_scale=0.125)
+    assert torch.equal(got, expected.float())
+    with_e4m3_p, _ = attention_reference(q8, k8, v8, SoftmaxConfig(max_offset=8), causal=True, softmax_scale=0.125)
+    assert not torch.equal(got, with_e4m3_p.float())
+
+
+def test_fp8_modes_reach_the_model():
+    model = tiny_llama(seed=4)
+    ids = torch.randint(0, 97, (1, 200))
+    exact = logits(model, "exact_ref", ids)
+    for mode in FP8_MODES + ("exact_fp8_inputs",):
+        got = logits(model, mode, ids)
+        assert not torch.equal(got, exact) and torch.isfinite(got).all(), mode
+
+
+def _sm90_fp8_kernel_runs() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not _sm90_fp8_kernel_runs(), reason="the FP8 kernel is an SM90 kernel")
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_kernel_matches_its_simulator_in_a_model(mode):
+    # Same e4m3 bytes on both sides (the simulator gets the BF16-rounded inputs the kernel casts); what remains is
+    # summation order and Hopper's FP8 accumulator, rare lattice or rounding flips, BF16 output rounding: the
+    # bound of the BF16 kernels' model test (test_hf_attention.py).
+    hf.register([mode], backend="kernel")
+    model = tiny_llama(seed=10).cuda()
+    state = hf.attach(model, reference_input_dtype=torch.bfloat16)
+    ids = torch.randint(0, 97, (2, 300), device="cuda")
+    simulated = logits(model, mode, ids)
+    kernel = logits(model, hf.attention_name(mode, "kernel"), ids)
+    assert state.tally.snapshot()["calls"] > 0
+    torch.testing.assert_close(kernel, simulated, rtol=0.02, atol=0.02)
