@@ -378,7 +378,7 @@ def _cudnn_fp8_binder(cudnn, q, k, v, causal):
     names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
     scale_tensors = {name: graph.tensor(name=name, **scalar) for name in names}
     out_t, _, amax_s_t, amax_o_t = graph.sdpa_fp8(
-        q=tq, k=tk, v=tv, **scale_tensors, is_inference=True, attn_scale=head_dim**-0.5, use_causal_mask=causal)
+        q=tq, k=tk, v=tv, **scale_tensors, generate_stats=False, attn_scale=head_dim**-0.5, use_causal_mask=causal)
     out = torch.empty(batch, seqlen_q, heads_q, head_dim, device=q.device, dtype=torch.float8_e4m3fn)
     out_t.set_output(True).set_dim((batch, heads_q, seqlen_q, head_dim)).set_stride(
         (seqlen_q * heads_q * head_dim, head_dim, heads_q * head_dim, 1)).set_data_type(e4m3)
