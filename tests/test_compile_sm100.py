@@ -17,7 +17,10 @@ from compile_helpers import (  # noqa: E402
     ci_report as compile_ci_report,
     compile_configs_sm103,
     full_matrix_only_on_request,
+    h15_alu_pair_chains,
+    h15_mufu_chains,
     mnemonic_counts,
+    pot_alu_chains,
     result as _result,
     sass,
     split_instruction,
@@ -138,6 +141,66 @@ def test_exact_keeps_stocks_nan_quiet_row_max(ci_report):
     for compiled in (_result(ci_report, mode="exact", beta=1.0), ci_report["stock"]):
         counts = mnemonic_counts(sass(ci_report, compiled))
         assert counts["FMNMX3"] > 0 and not [m for m in counts if m.endswith(".NAN")], counts
+
+
+# --- the per-element instruction pattern (Note [SASS weight chains] in compile_helpers.py) ---------------------
+
+PAIR_SASS = [
+    "FFMA2 R72, R10.F32x2.HI_LO, UR4.F32, R0.F32",
+    "FMNMX.FTZ R72, R72, -127, !PT",
+    "FMNMX.FTZ R73, R73, -127, !PT",
+    "FADD2.FTZ R72, R72.F32x2.HI_LO, 6291456",
+    "LEA R72, R72, 0x3f800000, 0x16",
+    "LEA R73, R73, 0x3f800000, 0x16",
+    "F2FP.BF16.F32.PACK_AB R4, R73, R72",
+    "FADD2 R100, R72.F32x2.HI_LO, R100.F32x2.HI_LO",
+]
+
+
+def test_the_chain_finder_on_hand_written_sass():
+    """h15_alu_pair as sm_100a shows it: 2 chains; each broken link leaves the LEAs without a chain."""
+    assert h15_alu_pair_chains(PAIR_SASS) == (2, 2)
+    for k, broken in ((1, "FMNMX.FTZ R72, R72, -126, !PT"), (2, "FMNMX.FTZ R73, R72, -127, !PT"),
+                      (3, "FADD2.FTZ R72, R72.F32x2.HI_LO, 12582912"), (3, "FADD2.FTZ R72, R74.F32x2.HI_LO, 6291456"),
+                      (0, "MOV R72, R10")):
+        assert h15_alu_pair_chains(PAIR_SASS[:k] + [broken] + PAIR_SASS[k + 1:])[0] == 0, broken
+    assert h15_alu_pair_chains(PAIR_SASS[:6] + PAIR_SASS[7:]) == (0, 2)  # P never sees the weights
+    nan_row = PAIR_SASS[:6] + ["FMNMX.NAN R3, RZ, R9", "FFMA R72, RZ, R3, R72"] + PAIR_SASS[6:]
+    assert h15_alu_pair_chains(nan_row) == (2, 2)  # through nan_row_weight's FFMA
+
+
+def _elements(report) -> int:
+    """Weights per kernel of the default shape: the MUFU.EX2 that beta 0 adds to the all-ALU H15 kernel."""
+    return (_result(report, mode="rowmax_h15", beta=0.0)["counts"]["MUFU.EX2"]
+            - _result(report, mode="rowmax_h15")["counts"]["MUFU.EX2"])
+
+
+def test_every_weight_is_built_by_its_fragment(ci_report):
+    """Each approximate configuration's weights, chain by chain: every H15/PoT shift-add or snap heads a complete
+    chain from its element's x to P and the row sum, and the chains are as many as the elements (beta 0.5: half
+    of them each way), the packed round-add feeding two lanes of two different elements."""
+    n = _elements(ci_report)
+    assert n >= 256 and n % 4 == 0
+    expected = [
+        (dict(mode="rowmax_h15"), dict(pair=(n, n), mufu=(0, 0), pot=(0, 0))),
+        (dict(mode="rowmax_h15", beta=0.5), dict(pair=(n // 2, n // 2), mufu=(n // 2, n // 2), pot=(0, 0))),
+        (dict(mode="rowmax_h15", beta=0.0), dict(pair=(0, 0), mufu=(n, n), pot=(0, 0))),
+        (dict(mode="rowmax_pot"), dict(pair=(0, 0), mufu=(0, 0), pot=(n, n))),
+    ]
+    for config, chains in expected:
+        instructions = sass(ci_report, _result(ci_report, **config))
+        found = dict(pair=h15_alu_pair_chains(instructions), mufu=h15_mufu_chains(instructions),
+                     pot=pot_alu_chains(instructions))
+        assert found == chains, (config, found)
+        assert mnemonic_counts(instructions)["FADD2.FTZ"] * 2 == chains["pair"][0], config
+
+
+def test_fp8_weights_are_built_by_the_pair_fragment(ci_report):
+    """FP8 (non-causal): every weight from h15_alu_pair, into an e4m3 F2FP (SATFINITE.E4M3) and the row sum."""
+    instructions = sass(ci_report, _result(ci_report, mode="rowmax_h15", dtype="fp8", causal=False))
+    complete, leas = h15_alu_pair_chains(instructions)
+    assert complete == leas == 2 * mnemonic_counts(instructions)["FADD2.FTZ"] > 0
+    assert any(m.startswith("F2FP.SATFINITE.E4M3") for m in mnemonic_counts(instructions))
 
 
 # --- SM103 (B300): the row max of unmasked tiles comes from tcgen05.ld.red (LDTM.STAT) -----------------------
