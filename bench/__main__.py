@@ -18,7 +18,7 @@ import torch
 
 from bench import env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
-from bench.kernels import BASELINE, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, RATIO_PEERS
+from bench.kernels import BASELINE, FP8_LEVER_KERNELS, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, RATIO_PEERS
 from bench.report import gpu_slug, map_pivot, new_row, read_json, seqlen_pivot, write_json, write_report
 from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, build_plan, parse_seqlen, tflops
 from bench.timing import SPACER_CYCLES, median, per_round_speedups, rotation_count, spread, time_interleaved
@@ -144,7 +144,7 @@ def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str,
 
 
 def describe_kernels(names: tuple[str, ...]) -> str:
-    plain = [n for n in names if n not in MAP_KERNELS + FP8_MAP_KERNELS]
+    plain = [n for n in names if n not in MAP_KERNELS + FP8_MAP_KERNELS]  # the FP8 levers are listed by name
     mapped = sum(n in MAP_KERNELS for n in names)
     fp8_mapped = sum(n in FP8_MAP_KERNELS for n in names)
     return (", ".join(plain) + (f", fa4_h15_t*_b* ({mapped} map points)" if mapped else "")

@@ -120,6 +120,15 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 FP8_H15_THRESHOLDS = (0.0, 0.4)
 FP8_ANCHOR_ROUNDINGS = ("exact", "half_octave")
 FP8_TILE_NS = (128, 224)
+# The kernel's per-element levers one at a time, and all together (issue 11, "What decides it"): the row sum
+# by the PV MMA (ones columns in V^T) and the warp-vote O-rescale skip; timed at the focus shape with the map.
+FP8_LEVERS = {
+    "fa4_fp8_h15_mma": {"softmax_mode": "rowmax_h15", "row_sum": "mma"},
+    "fa4_fp8_h15_vote": {"softmax_mode": "rowmax_h15", "rescale_vote": True},
+    "fa4_fp8_h15_fold_vote_mma": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave",
+                                  "rescale_vote": True, "row_sum": "mma"},
+    "fa4_fp8_exact_vote_mma": {"softmax_mode": "exact", "rescale_vote": True, "row_sum": "mma"},
+}
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
 GEMM_CEILING_N = 8192
@@ -488,6 +497,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += [(fp8_h15_map_name(t, a, n), {"softmax_mode": "rowmax_h15", "rescale_threshold": t,
                                               "anchor_rounding": a, "tile_n": n})
                  for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS for n in FP8_TILE_NS]
+    variants += list(FP8_LEVERS.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(KernelSpec(name, "fa4_fp8", knobs["softmax_mode"], tuple(knobs.items()), {"fp8": tol["fp8"]},
@@ -508,10 +518,11 @@ MAP_KERNELS = tuple(h15_map_name(t, b) for t in H15_THRESHOLDS for b in H15_BETA
 DOT_MODE_KERNELS = tuple(f"aiter_mxfp8_{mode}" for mode in AITER_DOT_MODE_VARIANTS)
 FP8_MAP_KERNELS = tuple(fp8_h15_map_name(t, a, n) for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS
                         for n in FP8_TILE_NS)
+FP8_LEVER_KERNELS = tuple(FP8_LEVERS)
 # The --fp8 preset's rows (FP8 groups only; the map at the focus shape), FA4 stock BF16 and FA3 BF16 as BF16 peers.
 FP8_KERNELS = ("gemm_fp8", "fa3_fp8", "cudnn_fp8", "fa4_fp8_exact", f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}",
                "fa4_fp8_exact_noexp", "fa4_fp8_h15", "fa4_stock_bf16", "fa3_bf16")
 # FP8-only rows stay out of the 16-bit groups; fa3_bf16 is a BF16 peer everywhere.
-_FP8_ONLY = tuple(name for name in FP8_KERNELS + FP8_MAP_KERNELS if name != "fa3_bf16")
+_FP8_ONLY = tuple(name for name in FP8_KERNELS + FP8_MAP_KERNELS + FP8_LEVER_KERNELS if name != "fa3_bf16")
 DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS + _FP8_ONLY)
 QUICK_KERNELS = (BASELINE, "fa4_h15", "aiter_mxfp8", "sdpa_cudnn")

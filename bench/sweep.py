@@ -18,7 +18,8 @@ import fnmatch
 import re
 from typing import Iterable, Sequence
 
-from bench.kernels import BASELINE, DEFAULT_KERNELS, FP8_KERNELS, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS
+from bench.kernels import (BASELINE, DEFAULT_KERNELS, FP8_KERNELS, FP8_LEVER_KERNELS, FP8_MAP_KERNELS, KERNELS,
+                           MAP_KERNELS, QUICK_KERNELS)
 
 TOKENS = 32 * 1024
 HEADS_Q = 16
@@ -141,7 +142,8 @@ def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seq
     fp8:   FP8 inputs only, `FP8_KERNELS` (the FP8 GEMM ceiling, FA3 FP8 and BF16, cuDNN FP8, FA4 stock on the
            inputs upcast to BF16, the FP8 SM90 kernel) at head dims 128 and 64, `seqlens` (default 2K-32K), both
            masks, MHA and GQA 16/4; the 8K and 16K head dim 128 MHA groups first, the FP8 H15 map
-           (`FP8_MAP_KERNELS`) at 8K head dim 128 MHA for the masks in `map_masks`.
+           (`FP8_MAP_KERNELS`) and the levers (`FP8_LEVER_KERNELS`) at 8K head dim 128 MHA for the masks in
+           `map_masks`.
     `kernel_patterns` replaces the preset's kernel choice (same list at every group); the baseline is
     always kept because every speed-up is quoted against it.
     """
@@ -194,5 +196,5 @@ def _fp8_plan(seqlens: list[int], map_masks: str, group) -> list[Group]:
     plan = []
     for shape in first + [s for s in shapes if s not in first]:
         with_map = shape.seqlen == FOCUS_SEQLEN and shape.head_dim == 128 and not shape.is_gqa and shape.causal in map_causal
-        plan.append(group(shape, kernels + (FP8_MAP_KERNELS if with_map else ())))
+        plan.append(group(shape, kernels + (FP8_MAP_KERNELS + FP8_LEVER_KERNELS if with_map else ())))
     return plan

@@ -492,7 +492,7 @@ def test_quick_run_writes_results(tmp_path):
 # ---- FP8 (issue 11): preset, peers, tolerance derivation -----------------------------------------------------
 
 def test_fp8_plan_covers_head_dims_seqlens_masks_and_gqa_with_the_goal_shapes_first():
-    from bench.kernels import FP8_KERNELS, FP8_MAP_KERNELS
+    from bench.kernels import FP8_KERNELS, FP8_LEVER_KERNELS, FP8_MAP_KERNELS
     from bench.sweep import FP8_SEQLENS
 
     plan = build_plan(quick=False, fp8=True)
@@ -507,6 +507,8 @@ def test_fp8_plan_covers_head_dims_seqlens_masks_and_gqa_with_the_goal_shapes_fi
     assert all(s.head_dim == 128 and not s.is_gqa for s in shapes[:4])
     with_map = [g.shape for g in plan if set(FP8_MAP_KERNELS) <= set(g.kernels)]
     assert [(s.seqlen, s.causal, s.head_dim, s.is_gqa) for s in with_map] == [(8192, True, 128, False)]
+    with_levers = [g.shape for g in plan if set(FP8_LEVER_KERNELS) & set(g.kernels)]
+    assert with_levers == with_map and len(FP8_LEVER_KERNELS) == 4
     assert len(build_plan(quick=False, fp8=True, seqlens=[8192])) == 8
     with pytest.raises(ValueError, match="two presets"):
         build_plan(quick=True, fp8=True)
@@ -546,6 +548,8 @@ def test_fp8_kernel_rows_and_support_rules():
     assert dict(KERNELS["fa4_fp8_h15_fold_t0.4_n224"].knobs) == {"softmax_mode": "rowmax_h15", "rescale_threshold": 0.4,
                                                                  "anchor_rounding": "half_octave", "tile_n": 224}
     assert "fa4_fp8_h15_t0_n128" in FP8_MAP_KERNELS and dict(KERNELS["fa4_fp8_exact_n224"].knobs)["tile_n"] == 224
+    assert dict(KERNELS["fa4_fp8_h15_fold_vote_mma"].knobs) == {"softmax_mode": "rowmax_h15", "anchor_rounding":
+                                                                "half_octave", "rescale_vote": True, "row_sum": "mma"}
     cudnn = KERNELS["cudnn_fp8"]
     assert torch.equal(cudnn.output_for_check(torch.full((2,), 64.0).to(torch.float8_e4m3fn)), torch.ones(2))
     assert CUDNN_SCALE_O == 64 and "top-left" in dict(cudnn.knobs)["causal"]
