@@ -80,3 +80,23 @@ def test_control_that_passes_single_tile_gives_exit_status_1(monkeypatch, capsys
     monkeypatch.setattr(main_job, "_reference_subjects", lambda: [h15_as_control])
     assert main_job.main(["--device", "cpu", "--seeds", "0"]) == 1
     assert "PASSED (must fail)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("reference_only, status", [(False, 3), (True, 0)])
+def test_a_gpu_run_without_kernels_fails_unless_reference_only(monkeypatch, reference_only, status, capsys):
+    # What a GPU machine without the patched FA4 sees (the device and the kernel loader are the stand-ins here;
+    # the real GPU path runs on the H200).
+    monkeypatch.setattr(main_job, "_resolve_device", lambda parser, device: "cuda")
+    monkeypatch.setattr(main_job, "_reference_subjects", lambda: [])
+    monkeypatch.setattr(main_job, "_kernel_subjects", lambda: ([], "RuntimeError: FA4 is not patched"))
+    argv = ["--device", "cuda"] + (["--reference-only"] if reference_only else [])
+    assert main_job.main(argv) == status
+    out = capsys.readouterr().out
+    assert ("--reference-only" in out) != reference_only
+
+
+def test_the_main_job_runs_gates_then_no_benchmark_on_a_cpu(capsys):
+    from bench import main_job as job
+
+    assert job.main(["--device", "cpu", "--seeds", "0"]) == 0
+    assert "benchmark: not run (no GPU in use)" in capsys.readouterr().out
