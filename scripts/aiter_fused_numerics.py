@@ -40,7 +40,7 @@ from aiter_fused.attention import (  # noqa: E402
     fused_softmax_attention,
     fused_softmax_attention_varlen,
 )
-from aiter_fused.launch import arch_of  # noqa: E402
+from aiter_fused.launch import arch_of, launch_for  # noqa: E402
 from aiter_fused.quantize import quantize_head_dim, quantize_keys  # noqa: E402
 from aiter_fused.tolerances import OUT_REL_TOL, lse_ok, lse_stats  # noqa: E402
 from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
@@ -64,6 +64,12 @@ class LogLines(list):
         super().__init__()
         self.path = path
         path.write_text("")
+
+
+def _kernel_tile() -> int:
+    """The tile the kernel uses when none is passed (the launch table's, Note [Launch table] in
+    aiter_fused/launch.py: 64 on gfx950, 128 on the H200); the reference must use the same one."""
+    return launch_for(torch.device("cuda"))[1].tile_n
 
 
 def rel(a, b):
@@ -96,7 +102,7 @@ def check_dense(shape, causal, fmt, lines):
     k = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).bfloat16()
     v = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).bfloat16()
     ref_out, ref_lse, counters = fused_softmax_attention_reference(q, k, v, causal=causal, mx_format=fmt,
-                                                                   return_counters=True)
+                                                                   return_counters=True, tile_n=_kernel_tile())
     exact_out, _ = fused_softmax_attention(q, k, v, causal=causal, exact=True)
     fp32_out = torch_attention(q, k, v, causal)
     outs, results = {}, []
@@ -140,7 +146,8 @@ def check_varlen(fmt, causal, dot_mode, lines):
     v = torch.randn(sum(lens_k), 2, 128, device="cuda", generator=gen).bfloat16()
     out, lse = fused_softmax_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                               mx_format=fmt, dot_mode=dot_mode, validate=False)
-    ref_out, ref_lse = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=causal, mx_format=fmt)
+    ref_out, ref_lse = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=causal, mx_format=fmt,
+                                                                tile_n=_kernel_tile())
     result = {"case": {"varlen": True, "lens_q": lens_q, "lens_k": lens_k, "causal": causal, "mx_format": fmt,
                        "dot_mode": dot_mode},
               "rel_vs_reference": rel(out.float(), ref_out),

@@ -81,13 +81,17 @@ def test_kernel_matches_reference(mx_format, causal, dot_mode):
 
 @pytest.mark.parametrize("dot_mode", ["bf16", "fp8"])
 def test_kernel_head_dim_128_and_default_tile(dot_mode):
-    """tile_n 128: the FP8 path's four 32-key sub-tiles share one tile max (recoveries at threshold 1)."""
+    """The launch table's tile (128 here; Note [Launch table]): the FP8 path's 32-key sub-tiles share one
+    tile max (recoveries at threshold 1)."""
+    from aiter_fused.launch import launch_for
+
     gen = torch.Generator().manual_seed(12)
     q, k, v = _randn(2, 20, 2, 128, gen=gen), _randn(2, 150, 1, 128, gen=gen), _randn(2, 150, 1, 128, gen=gen)
     out, lse, recoveries = fused_softmax_attention(q, k, v, mx_format="mxfp8", dot_mode=dot_mode,
                                                    recovery_threshold=1.0, return_recoveries=True)
-    ref_out, ref_lse, counters = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), mx_format="mxfp8",
-                                                                   recovery_threshold=1.0, return_counters=True)
+    ref_out, ref_lse, counters = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), mx_format="mxfp8", recovery_threshold=1.0, return_counters=True,
+        tile_n=launch_for(q.device)[1].tile_n)
     _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, "mxfp8")
     assert torch.equal(recoveries.cpu().long(), counters["recoveries"]) and counters["recoveries"].sum() > 0
 

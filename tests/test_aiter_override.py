@@ -350,6 +350,13 @@ def _assert_matches_reference(out, lse, expected_out, expected_lse):
     assert (lse.cpu()[finite] - expected_lse[finite]).abs().max() < 1e-3
 
 
+def _kernel_tile() -> int:
+    """The tile the override's calls get (the launch table's, Note [Launch table]): the reference's too."""
+    from aiter_fused.launch import launch_for
+
+    return launch_for(torch.device(DEVICE))[1].tile_n
+
+
 @pytest.fixture
 def real_kernel():
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -365,7 +372,7 @@ def test_real_kernel_through_flash_attn_func(aiter, aiter_ops, real_kernel, mx_f
         out, lse = aiter.flash_attn_func(q, k, v, causal=True, return_lse=True)
     assert aiter_ops == []
     expected_out, expected_lse = fused_softmax_attention_reference(
-        q.cpu(), k.cpu(), v.cpu(), causal=True, mx_format=mx_format)
+        q.cpu(), k.cpu(), v.cpu(), causal=True, mx_format=mx_format, tile_n=_kernel_tile())
     _assert_matches_reference(out, lse, expected_out, expected_lse)
 
 
@@ -378,7 +385,7 @@ def test_real_kernel_through_flash_attn_varlen_func(aiter, aiter_ops, real_kerne
                                             return_lse=True)
     assert aiter_ops == []
     expected_out, expected_lse = fused_softmax_attention_reference_varlen(
-        q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True)
+        q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True, tile_n=_kernel_tile())
     _assert_matches_reference(out, lse, expected_out, expected_lse)
 
 
