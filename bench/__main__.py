@@ -10,6 +10,7 @@ cut short keeps what it measured; the Markdown and plots are written at the end 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ import torch
 
 from bench import env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
+from bench.semantic_check import semantic_check
 from bench.kernels import BASELINE, FP8_LEVER_KERNELS, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, RATIO_PEERS
 from bench.report import gpu_slug, map_pivot, new_row, read_json, seqlen_pivot, write_json, write_report
 from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, build_plan, parse_seqlen, tflops
@@ -262,6 +264,12 @@ def run_group(group: Group, index: int, args: argparse.Namespace, capability: tu
             # to fp32 before indexing: cuDNN's FP8 output is e4m3, which not every indexing kernel takes
             result = (check_output(spec.output_for_check(out)[batches], ref, spec.tolerance(shape.dtype))
                       if spec.checked else None)
+            if result is not None and spec.family == "fa4" and spec.knobs and shape.dtype in ("bf16", "fp16"):
+                # A softmax stage: the binding gate is its own reference within the derived bounds.
+                semantic = semantic_check(dict(spec.knobs), *inputs[0], shape.causal, out)
+                rows[name]["semantic_check"] = semantic.as_dict()
+                if not semantic.passed:
+                    result = dataclasses.replace(result, passed=False, reason=f"semantic check: {semantic.reason}")
             del out
         except Exception as exc:  # the row says what went wrong; the other kernels still run
             rows[name].update(status="error", reason=_failure(exc))
