@@ -174,6 +174,17 @@ def test_kernel_never_misses_a_recovery(name):
     _assert_close_to_reference(out, lse, ref_out, ref_lse, "fp8", "mxfp8")
 
 
+def test_dot_mode_the_architecture_cannot_compile_is_refused(monkeypatch):
+    """gfx942: Triton 3.6 cannot lower dot_scaled there (Note [Launch table]); a ValueError, not a crash."""
+    from aiter_fused import attention, launch
+
+    monkeypatch.setattr(attention, "launch_for", lambda device: ("gfx942", launch.LAUNCHES["gfx942"]))
+    q = _randn(1, 8, 1, 64, gen=torch.Generator().manual_seed(17))
+    with pytest.raises(ValueError, match=r"dot_mode='scaled' does not compile for gfx942; accepted there: "
+                                         r"\('bf16', 'fp8'\)"):
+        fused_softmax_attention(q, q, q, dot_mode="scaled")
+
+
 def test_bad_arguments():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(TypeError, match="bfloat16"):
