@@ -40,8 +40,9 @@ VLLM_REGISTRY_MODULE = "vllm.v1.attention.backends.registry"
 
 def register() -> None:
     enabled = override.env_flag(ENABLE_ENV)
+    # Every switch is checked in every process, opted in or not (Note [Opt-in, never silent]).
     override.env_flag(override.DISABLE_ENV)
-    override.current_format()  # rejects a bad AITER_FUSED_FORMAT / AITER_FUSED_EXACT in every process
+    override.current_format()  # AITER_FUSED_FORMAT and AITER_FUSED_EXACT
     register_vllm_backend()
     if not enabled:
         logger.info(
