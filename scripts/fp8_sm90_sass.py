@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""SASS counts of the SM90 FP8 forward variants (CPU compile, sm_90a), per kernel and per score element.
+
+    python scripts/fp8_sm90_sass.py [OUT.json]
+
+Each variant compiles in its own subprocess (tests/test_compile_sm90_fp8.py's worker: causal, head dim 128,
+256 keys, so FA4's three softmax sites are unrolled); per-element counts divide by 3 * tile_n / 2 element
+sites per thread. Prints a Markdown table.
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_compile_sm90_fp8 import _compile, _count  # noqa: E402
+
+from fa4_rowmax.stage import compile_check  # noqa: E402
+
+VARIANTS = {
+    "fa4fp8_exact": dict(softmax_mode="exact"),
+    "fa4fp8_exact_noexp2": dict(softmax_mode="exact", exp2_deleted=True),
+    "fa4fp8_h15": dict(softmax_mode="rowmax_h15"),
+    "fa4fp8_h15_fold": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave"),
+    "fa4fp8_exact_n192": dict(softmax_mode="exact", tile_n=192),
+    "fa4fp8_exact_noexp2_n192": dict(softmax_mode="exact", exp2_deleted=True, tile_n=192),
+    "fa4fp8_exact_noexp2_n192_mma": dict(softmax_mode="exact", exp2_deleted=True, tile_n=192, row_sum="mma"),
+    "fa4fp8_exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma"),
+    "fa4fp8_exact_n192_mma_vote": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    "fa4fp8_h15_n192": dict(softmax_mode="rowmax_h15", tile_n=192),
+    "fa4fp8_h15_n192_mma": dict(softmax_mode="rowmax_h15", tile_n=192, row_sum="mma"),
+    "fa4fp8_h15_fold_n192": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192),
+    "fa4fp8_h15_fold_n192_vote": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
+                                      rescale_vote=True),
+    "fa4fp8_h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
+                                     row_sum="mma"),
+}
+OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "PRMT", "SHF", "IMAD", "LOP3", "FSEL", "IADD3")
+
+
+def main():
+    workdir = Path(tempfile.mkdtemp(prefix="fp8_sass_"))
+    site = compile_check.prepare_fa4_copies(workdir)["patched"]
+    rows = {}
+    for name, kwargs in VARIANTS.items():
+        ops = _compile(name, kwargs, workdir, site)
+        sites = 3 * kwargs.get("tile_n", 128) // 2
+        counts = {op: _count(ops, op) for op in OPS}
+        counts["F2FP.E4M3"] = sum(n for op, n in ops.items() if op.startswith("F2FP") and "E4M3" in op)
+        counts["QGMMA"] = _count(ops, "QGMMA")
+        rows[name] = dict(kwargs=kwargs, instructions=sum(ops.values()), sites=sites, counts=counts)
+        print(name, rows[name]["instructions"], counts, flush=True)
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps(rows, indent=1))
+    cols = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP.E4M3", "PRMT", "SHF", "IMAD", "FSEL")
+    print("| variant | instr. | " + " | ".join(cols) + " | per element: ALU+FMA issues (MUFU) |")
+    print("| --- " * (len(cols) + 3) + "|")
+    for name, r in rows.items():
+        c, s = r["counts"], r["sites"]
+        per = {k: c[k] / s for k in cols}
+        alu = sum(v for k, v in per.items() if k != "MUFU.EX2")
+        print(f"| `{name}` | {r['instructions']} | " + " | ".join(f"{c[k]}" for k in cols)
+              + f" | {alu:.2f} ({per['MUFU.EX2']:.2f}) |")
+
+
+if __name__ == "__main__":
+    main()
