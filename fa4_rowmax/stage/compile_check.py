@@ -143,9 +143,16 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
 
 
 def cuobjdump() -> str:
-    import triton
+    """CUDA 13.5's cuobjdump (PyPI `nvidia-cuda-cuobjdump` with `nvidia-cuda-nvdisasm`, pinned): the one that
+    decodes sm_103a; the cuobjdump 12.8 bundled with the pinned Triton 3.6 stops at sm_100a."""
+    import nvidia
 
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    for root in nvidia.__path__:
+        tool = Path(root) / "cu13" / "bin" / "cuobjdump"
+        if tool.is_file():
+            return str(tool)
+    raise FileNotFoundError("cuobjdump not found under nvidia/cu13/bin: pip install -c constraints.txt "
+                            "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
 
 
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
