@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from fa4_rowmax.stage.softmax_sm90_fp8 import (
+    CLAMPS,
     E4M3_MAX,
     FP8_MAX_OFFSET,
     ROW_SUM_COLUMNS,
@@ -88,7 +89,8 @@ ROW_SUMS = ("fadd", "mma")
 
 
 def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool, exp2_deleted: bool = False,
-                  anchor_rounding: str = "exact", row_sum: str = "fadd", rescale_vote: bool = False) -> Fp8Stage:
+                  anchor_rounding: str = "exact", row_sum: str = "fadd", rescale_vote: bool = False,
+                  clamp: str = "max") -> Fp8Stage:
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
     if beta is not None:
@@ -107,9 +109,13 @@ def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool,
         raise ValueError(f"row_sum must be one of {ROW_SUMS}, got {row_sum!r}")
     if not isinstance(rescale_vote, bool):
         raise ValueError(f"rescale_vote must be a bool, got {rescale_vote!r}")
+    if clamp not in CLAMPS:
+        raise ValueError(f"clamp must be one of {CLAMPS}, got {clamp!r}")
+    if clamp == "sat" and (softmax_mode != "rowmax_h15" or anchor_rounding != "exact"):
+        raise ValueError("clamp='sat' applies to softmax_mode='rowmax_h15' with anchor_rounding='exact' only")
     return Fp8Stage(mode=softmax_mode, rescale_threshold=threshold, exp2_deleted=exp2_deleted,
                     has_descale=has_descale, anchor_rounding=anchor_rounding, row_sum=row_sum,
-                    rescale_vote=rescale_vote)
+                    rescale_vote=rescale_vote, clamp=clamp)
 
 
 _compile_cache: dict = {}
@@ -163,6 +169,7 @@ def flash_attn_fp8_sm90(
     anchor_rounding: str = "exact",
     row_sum: str = "fadd",
     rescale_vote: bool = False,
+    clamp: str = "max",
     exp2_deleted: bool = False,
     tile_n: int = 128,
 ):
@@ -170,7 +177,8 @@ def flash_attn_fp8_sm90(
 
     Levers (keyword-only): `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]),
     `row_sum="mma"` (Note [Row sum by the MMA]),
-    `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]), `tile_n` (keys per tile, a multiple of 32). `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
+    `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]), `clamp="sat"` (rowmax_h15, exact anchor: Note
+    [Clamp by saturation]; same values, one op less), `tile_n` (keys per tile, a multiple of 32). `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, 4)
@@ -197,7 +205,7 @@ def flash_attn_fp8_sm90(
                 for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     has_descale = any(d is not None for d in descales)
     stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding,
-                          row_sum, rescale_vote)
+                          row_sum, rescale_vote, clamp)
     if tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
     if softmax_scale is None:

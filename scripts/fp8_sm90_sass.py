@@ -34,6 +34,8 @@ VARIANTS = {
                                       rescale_vote=True),
     "fa4fp8_h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
                                      row_sum="mma"),
+    "fa4fp8_h15_sat_n192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192),
+    "fa4fp8_h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 }
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "PRMT", "SHF", "IMAD", "LOP3", "FSEL", "IADD3")
 

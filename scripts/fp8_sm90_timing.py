@@ -50,6 +50,8 @@ def variants(names, causal, batch, heads):
                                                     row_sum="mma"))
     table["fa4fp8_h15_fold_n192_mma_vote"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave",
                                                          tile_n=192, row_sum="mma", rescale_vote=True))
+    table["fa4fp8_h15_sat_n192"] = ("fp8", fp8(softmax_mode="rowmax_h15", clamp="sat", tile_n=192))
+    table["fa4fp8_h15_sat_n192_mma"] = ("fp8", fp8(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"))
     table["fa4fp8_h15_n192_mma"] = ("fp8", fp8(softmax_mode="rowmax_h15", tile_n=192, row_sum="mma"))
     table["fa4fp8_exact_n224"] = ("fp8", fp8(softmax_mode="exact", tile_n=224))
     table["fa4fp8_h15_fold_n224"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=224))
@@ -112,6 +114,7 @@ def main():
         "fa4fp8_exact_noexp2_n192", "fa4fp8_exact_noexp2_n192_mma", "fa4fp8_exact_n192_mma",
         "fa4fp8_exact_n192_mma_vote", "fa4fp8_h15_n192", "fa4fp8_h15_n192_mma", "fa4fp8_h15_fold_n192",
         "fa4fp8_h15_fold_n192_vote", "fa4fp8_h15_fold_n192_mma", "fa4fp8_h15_fold_n192_mma_vote",
+        "fa4fp8_h15_sat_n192", "fa4fp8_h15_sat_n192_mma",
         "fa3_fp8", "fa3_bf16", "fa4_bf16_stock", "prepass_only"])
     args = p.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args), "rows": []}

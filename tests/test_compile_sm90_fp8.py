@@ -10,7 +10,8 @@ What the SASS must show (E = elements per thread per tile = tile_n / 2, S = 3 so
 thread): QGMMA with e4m3 operands and no HGMMA; `exact`: S * E MUFU.EX2 for the weights + 2 (S - 1) for the
 row rescale factors, S * E / 2 e4m3 converts (F2FP...E4M3, two weights each); `rowmax_h15`: only the 2 (S - 1)
 rescale MUFU.EX2 and no e4m3 convert (the bytes come from PRMT); `row_sum="mma"`: the PV GEMM is N = head_dim
-+ 8 and no per-element FADD is left.
++ 8 and no per-element FADD is left; `clamp="sat"`: one FFMA.SAT per element and no clamp FMNMX (every max
+left is the NaN-propagating row max).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ CONFIGS = {
     "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
     "h15": dict(softmax_mode="rowmax_h15"),
     "h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"),
+    "h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 }
 
 
@@ -119,3 +121,12 @@ def test_row_sum_by_mma_leaves_no_per_element_fadd(compiled):
     assert fadd["exact"] >= SITES * e["exact"] and fadd["h15"] >= 2 * SITES * e["h15"]  # sum (+ round-add)
     assert fadd["exact_n192_mma"] < SITES * e["exact_n192_mma"] // 8
     assert fadd["h15_fold_n192_mma"] < SITES * e["h15_fold_n192_mma"] // 8
+
+
+def test_clamp_by_saturation_drops_the_clamp(compiled):
+    """Note [Clamp by saturation]: one FFMA.SAT per element, no NaN-quiet FMNMX left (the row max is FMNMX.NAN)."""
+    kwargs, ops = compiled["h15_sat_n192_mma"]
+    assert ops["FFMA.SAT"] == SITES * _per_thread(kwargs)
+    assert not any(op == "FMNMX" or (op.startswith("FMNMX.") and ".NAN" not in op) for op in ops), ops
+    _, fold_ops = compiled["h15_fold_n192_mma"]
+    assert _count(fold_ops, "FMNMX") - _count(ops, "FMNMX") == SITES * _per_thread(kwargs)

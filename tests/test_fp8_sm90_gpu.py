@@ -182,6 +182,7 @@ LEVERS = [
     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave"),
     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma", rescale_vote=True),
     dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
+    dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 ]
 
 
@@ -209,6 +210,23 @@ def test_levers_match_reference(shape, levers):
         finite = torch.isfinite(ref_lse)
         assert ((lse - ref_lse).abs()[finite] <= math.log(2.0) * env).all()
         assert ((out.float() - ref_out.float()).abs() <= 2 * (2**env - 1) * v.float().abs().max()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.parametrize("row_sum", ["fadd", "mma"])
+def test_clamp_by_saturation_is_bit_identical(row_sum):
+    """Note [Clamp by saturation]: clamp="sat" gives rowmax_h15's out and LSE bit for bit."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(5, *SHAPES[2])
+    q[0, 3, 1, 7] = math.nan
+    base = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="rowmax_h15", row_sum=row_sum, tile_n=192)
+    sat = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="rowmax_h15", row_sum=row_sum, tile_n=192,
+                              clamp="sat")
+    for a, b in zip(base, sat):
+        assert torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                           b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
 
 
 @pytest.mark.gpu
@@ -369,6 +387,8 @@ def test_bad_inputs_raise(change, match):
         (dict(tile_n=176), "tile_n must be one of"),
         (dict(row_sum="gemm"), "row_sum must be one of"),
         (dict(anchor_rounding="half_octave"), "applies to softmax_mode='rowmax_h15' only"),
+        (dict(clamp="sat"), "clamp='sat' applies to softmax_mode='rowmax_h15'"),
+        (dict(softmax_mode="rowmax_h15", clamp="min"), "clamp must be one of"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

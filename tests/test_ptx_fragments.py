@@ -297,6 +297,22 @@ def check_h15_fp8_lattice(ex2: Ex2Model) -> None:
         _assert_same_bits(r, _exact_fma(t, np.float32(1), C), [s], f"h15_fp8_lattice_asm (scale {scale}, addend {addend})")
 
 
+def check_h15_fp8_sat_lattice(ex2: Ex2Model) -> None:
+    """Same L and the same bits << 22 as h15_fp8_lattice_asm wherever t <= 16 (y <= 9, beyond the range rule), from
+    operands / 16 (Note [Clamp by saturation], softmax_sm90_fp8.py); L saturates at 32 above."""
+    sat_c = np.float32(sm90_fp8.H15_ROUND_SAT)
+    sixteenth = np.float32(sm90_fp8.H15_SAT_SCALE)
+    for s, scale, addend in _fp8_lattice_cases():
+        (r,) = run(*_fragment("h15_fp8_sat_lattice_asm"), s, scale * sixteenth, np.float32(addend) * sixteenth, ex2=ex2)
+        t = _exact_fma(s, scale, np.float32(addend))
+        t = np.where(np.isnan(t) | (t <= 0), np.float32(0), t)
+        expected_l = (_bits(_exact_fma(t, np.float32(1), C)).astype(np.int64) - int(_bits(C)))
+        expected_l = np.where(t > 16, 32, expected_l)
+        got_l = _bits(r).astype(np.int64) - int(_bits(sat_c))
+        assert (got_l == expected_l).all(), f"h15_fp8_sat_lattice_asm L (scale {scale}, addend {addend})"
+        assert ((_bits(r) << np.uint32(22)) == (np.uint32(expected_l) << np.uint32(22))).all()
+
+
 def check_h15_fp8_folded_lattice(ex2: Ex2Model) -> None:
     """r = max(fl32(s * scale_log2 + addend), 1.5 * 2^22), addend = fl32(1.5 * 2^22 - m * scale_log2) + 15
     (Note [Folded H15 on FP8])."""
@@ -392,6 +408,7 @@ FRAGMENT_CHECKS = {
     "pot_mufu_asm": check_pot_mufu,
     "nan_row_weight_asm": check_nan_row_weight,
     "h15_fp8_lattice_asm": check_h15_fp8_lattice,
+    "h15_fp8_sat_lattice_asm": check_h15_fp8_sat_lattice,
     "h15_fp8_folded_lattice_asm": check_h15_fp8_folded_lattice,
     "h15_fp8_sum_add_asm": check_h15_fp8_sum_add,
     "add_keep_denormals_asm": check_add_keep_denormals,
@@ -496,6 +513,8 @@ MUTANTS = {
     "nan row: operands swapped": ("nan_row_weight_asm", "t, $2, 0f00000000", "t, $1, 0f00000000"),
     "fp8 lattice: no clamp at 0": ("h15_fp8_lattice_asm", "max.f32 t, t, 0f00000000", "mov.f32 t, t"),
     "fp8 lattice: round-add .rn -> .rz": ("h15_fp8_lattice_asm", "add.rn.f32", "add.rz.f32"),
+    "fp8 sat lattice: no saturation": ("h15_fp8_sat_lattice_asm", "fma.rn.sat.f32", "fma.rn.f32"),
+    "fp8 sat lattice: 32u -> 16u": ("h15_fp8_sat_lattice_asm", "u, 0f42000000,", "u, 0f41800000,"),
     "fp8 folded lattice: no clamp": ("h15_fp8_folded_lattice_asm", f"max.f32 $0, t, {sb._H15_ROUND_HEX}", "mov.f32 $0, t"),
     "fp8 sum: shift 22 -> 21": ("h15_fp8_sum_add_asm", "shl.b32 b, $2, 22", "shl.b32 b, $2, 21"),
     "fp8 sum: .rn -> .rp": ("h15_fp8_sum_add_asm", "add.rn.f32", "add.rp.f32"),

@@ -74,6 +74,19 @@ E4M3_MAX = 448.0
 H15_FP8_T_SHIFT = 7.0
 H15_FP8_SUM_LOG2_SCALE = -120
 
+# Note [Clamp by saturation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# clamp="sat" (exact anchor) drops the per-element FMNMX: `fma.rn.sat` clamps its result to [0, 1] (NaN to +0)
+# for free, so u = sat(s * (scale_log2 / 16) + addend / 16) = clamp(t, 0, 16) / 16. Dividing both operands by
+# 16 is exact and commutes with the rounding, so u = fl(t) / 16 bit for bit below the top, and the top (t = 16,
+# y = 9) is out of reach (the range rule keeps y < 8.47). Then r = 32 u + 1.5 * 2^23 (fp32 ulp 1 there) rounds
+# 2t = 32 u half to even: the same L in the low byte of bits(r) as t + 1.5 * 2^22 gives, and bits(r) << 22 is
+# still L << 22 (bits(1.5 * 2^23) has no set bit below 22). Two FFMA per element instead of FFMA, FMNMX, FADD,
+# with the same values.
+H15_ROUND_SAT = 1.5 * 2**23
+H15_SAT_SCALE = 1.0 / 16
+CLAMPS = ("max", "sat")
+
 # Note [Folded H15 on FP8]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
 # The SM90 BF16 fold (Note [Folded H15 with a half-octave anchor], softmax_base.py) carries over: the per-row
@@ -97,6 +110,7 @@ def _asm(asm: InlineAsm, result_type, *args, loc=None, ip=None):
 
 
 _H15_ROUND_HEX = _f32_hex(H15_ROUND)
+_H15_ROUND_SAT_HEX = _f32_hex(H15_ROUND_SAT)
 
 
 @ptx_fragment
@@ -116,6 +130,24 @@ def h15_fp8_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=Non
     """r = max(s * scale_log2 + addend, 0) + 1.5 * 2^22: bits(r)'s low byte is L (Note [H15 e4m3 bytes by integer ops])."""
     args = [Float32(a) for a in (s, scale_log2, addend)]
     return Float32(_asm(h15_fp8_lattice_asm(), T.f32(), *args, loc=loc, ip=ip))
+
+
+@ptx_fragment
+def h15_fp8_sat_lattice_asm() -> InlineAsm:
+    """r = 32 sat($1 * $2 + $3) + 1.5 * 2^23 with $2 = scale_log2 / 16, $3 = addend / 16 (Note [Clamp by saturation])."""
+    return InlineAsm(
+        "{\n\t.reg .f32 u;\n\t"
+        "fma.rn.sat.f32 u, $1, $2, $3;\n\t"
+        f"fma.rn.f32 $0, u, 0f42000000, {_H15_ROUND_SAT_HEX};\n\t}}\n",
+        "=f,f,f,f",
+    )
+
+
+@dsl_user_op
+def h15_fp8_sat_lattice(s: Float32, scale_log2_16: Float32, addend_16: Float32, *, loc=None, ip=None) -> Float32:
+    """`h15_fp8_lattice`'s L by two FFMA; the caller passes scale_log2 / 16 and addend / 16 (Note [Clamp by saturation])."""
+    args = [Float32(a) for a in (s, scale_log2_16, addend_16)]
+    return Float32(_asm(h15_fp8_sat_lattice_asm(), T.f32(), *args, loc=loc, ip=ip))
 
 
 @ptx_fragment
@@ -241,12 +273,13 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     anchor_rounding: cutlass.Constexpr[str] = "exact"
     row_sum_by_mma: cutlass.Constexpr[bool] = False
     rescale_vote: cutlass.Constexpr[bool] = False
+    clamp: cutlass.Constexpr[str] = "max"
     tile_scale_log2: cute.Tensor = None
     tile_v_descale: cute.Tensor = None
 
     @staticmethod
     def from_stock(softmax: Softmax, *, mode: str, rescale_threshold: float, exp2_deleted: bool, has_descale: bool,
-                   anchor_rounding: str, row_sum_by_mma: bool, rescale_vote: bool):
+                   anchor_rounding: str, row_sum_by_mma: bool, rescale_vote: bool, clamp: str):
         """Take over the row statistics of the `Softmax` the kernel created."""
         tile_scale_log2 = cute.make_rmem_tensor(1, Float32)
         tile_v_descale = cute.make_rmem_tensor(1, Float32)
@@ -259,6 +292,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             anchor_rounding=anchor_rounding,
             row_sum_by_mma=row_sum_by_mma,
             rescale_vote=rescale_vote,
+            clamp=clamp,
             tile_scale_log2=tile_scale_log2,
             tile_v_descale=tile_v_descale,
         )
@@ -342,10 +376,16 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                     addend = h15_anchor_addend(row_max_safe, scale_log2) + Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT)
                 else:
                     addend = Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT) - row_max_safe * scale_log2
+                if const_expr(self.clamp == "sat"):
+                    # Note [Clamp by saturation]: both operands / 16 (exact).
+                    addend = addend * H15_SAT_SCALE
+                    scale_log2_16 = scale_log2 * H15_SAT_SCALE
                 partial = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
                 for c in cutlass.range_constexpr(n_cols):
                     if const_expr(self.folded):
                         lattice = h15_fp8_folded_lattice(acc_S_mn[r, c], scale_log2, addend)
+                    elif const_expr(self.clamp == "sat"):
+                        lattice = h15_fp8_sat_lattice(acc_S_mn[r, c], scale_log2_16, addend)
                     else:
                         lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
                     acc_S_mn[r, c] = lattice
@@ -469,6 +509,7 @@ class Fp8Stage:
     anchor_rounding: str = "exact"
     row_sum: str = "fadd"
     rescale_vote: bool = False
+    clamp: str = "max"
 
     def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
         return Fp8SoftmaxSm90.from_stock(
@@ -480,4 +521,5 @@ class Fp8Stage:
             anchor_rounding=self.anchor_rounding,
             row_sum_by_mma=self.row_sum == "mma",
             rescale_vote=self.rescale_vote,
+            clamp=self.clamp,
         )
