@@ -24,7 +24,8 @@ elements float8_e4m3fn like x), the values ``quantize_mx(x, fmt, dim=-1)`` gives
 32 keys that restart at every sequence -> (elements, scale uint8 (blocks, heads_k, head_dim), cu_blocks
 int32 (batch + 1)), each sequence's blocks the values ``quantize_mx(v[start:end], fmt, dim=0)`` gives.
 ``keys_contiguous=True`` writes the elements transposed (the FP8 dot's K-major V, Note [MX dots, per
-architecture] in ``kernel.py``). Neither reads GPU data back to the host (CUDA-graph capturable).
+architecture] in ``kernel.py``). ``pack_e2m1=True`` on either gives packed e2m1 codes instead (the
+"scaled" dots at MXFP4, Note [Packed e2m1]). Neither reads GPU data back to the host (CUDA-graph capturable).
 
 Note [Bit-exact to mx.py]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
