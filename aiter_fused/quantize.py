@@ -4,17 +4,6 @@ The kernel in ``kernel.py`` takes its operands pre-quantized: e4m3-container ele
 per block of 32 along the reduction dim (Q and K along head_dim, V along keys, per sequence). Done with
 ``fa4_rowmax.reference.mx.quantize_mx`` in torch, that pre-pass is some 200 elementwise ops over fp32 copies of
 the operands per call (about 58 GB of memory traffic at batch 4, seqlen 8K, 16 heads, head_dim 128:
-Note [Packed e2m1]
-~~~~~~~~~~~~~~~~~
-For the "scaled" dot mode at MXFP4 (gfx950's fp4 MFMA, ``kernel.py`` Note [MX dots, per architecture]),
-``tl.dot_scaled`` takes e2m1 operands packed two to a byte along the reduction dim, the even element in
-the low nibble (Triton's convention, ``triton.tools.mxfp``). Each code is sign << 3 | exponent << 1 |
-mantissa, so the codes hold exactly the values ``mx.py`` rounds to (the tests unpack and compare). Q and
-K pack along head_dim. V packs along keys, and its blocks of 32 keys restart at every sequence, so a pair
-could straddle two sequences if rows followed the tokens: the packed V is laid out by block instead (16
-rows a block, the last block's padding keys 0), and the kernel addresses it by ``cu_blocks``. e2m1 has no
-NaN: in a poisoned block the scale byte 255 alone carries it (each code keeps only its sign).
-
 Note [Cost of the pre-pass]); here it is one read of each BF16 operand and one write of its elements
 and scales (about 0.6 GB at that shape).
 
@@ -38,6 +27,17 @@ the sign of a zero (a negative value that rounds to zero is -0, as in ``mx.py``:
 is put back) and non-finite inputs (a block holding a NaN or an infinity gets scale byte 255 and NaN
 elements, mx.py's Note [Special values]). The element store converts exact e4m3 values: no rounding
 happens in the conversion.
+
+Note [Packed e2m1]
+~~~~~~~~~~~~~~~~~
+For the "scaled" dot mode at MXFP4 (gfx950's fp4 MFMA, ``kernel.py`` Note [MX dots, per architecture]),
+``tl.dot_scaled`` takes e2m1 operands packed two to a byte along the reduction dim, the even element in
+the low nibble (Triton's convention, ``triton.tools.mxfp``). Each code is sign << 3 | exponent << 1 |
+mantissa, so the codes hold exactly the values ``mx.py`` rounds to (the tests unpack and compare). Q and
+K pack along head_dim. V packs along keys, and its blocks of 32 keys restart at every sequence, so a pair
+could straddle two sequences if rows followed the tokens: the packed V is laid out by block instead (16
+rows a block, the last block's padding keys 0), and the kernel addresses it by ``cu_blocks``. e2m1 has no
+NaN: in a poisoned block the scale byte 255 alone carries it (each code keeps only its sign).
 
 Note [Cost of the pre-pass]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
