@@ -243,3 +243,54 @@ def flash_attn_fp8_sm90(
     _compile_cache[config](q_u8, k_u8, vt_u8, out, lse, float(softmax_scale),
                            None, None, None, None, None, None, None, None, None, aux, None, None)
     return out, lse
+
+
+# FA4 `_flash_attn_fwd` arguments this path serves only at their stock value (ValueError otherwise).
+FA4_STOCK_FEATURES = {
+    "qv": None,
+    "cu_seqlens_q": None,
+    "cu_seqlens_k": None,
+    "seqused_q": None,
+    "seqused_k": None,
+    "page_table": None,
+    "softcap": None,
+    "window_size_left": None,
+    "window_size_right": None,
+    "learnable_sink": None,
+    "num_splits": 1,
+    "score_mod": None,
+    "mask_mod": None,
+    "block_sparse_tensors": None,
+    "aux_tensors": None,
+    "gather_kv_indices": None,
+}
+
+
+def fa4_sm90_fp8_forward(q, k, v, *, softmax_scale, causal, softmax_stage, q_descale=None, k_descale=None,
+                         v_descale=None, out=None, lse=None, features: dict | None = None):
+    """Routing entry for FA4's `_flash_attn_fwd` on SM90 with FP8 inputs; returns its 5-tuple (out, lse, None,
+    None, None). `softmax_stage` is `fa4_rowmax.interface.SoftmaxStage` or None (exact); `features` maps FA4
+    argument names to their values, each refused unless stock (FA4_STOCK_FEATURES)."""
+    for name, value in (features or {}).items():
+        if name not in FA4_STOCK_FEATURES:
+            raise TypeError(f"fa4_sm90_fp8_forward: unknown FA4 feature {name!r}; known: {sorted(FA4_STOCK_FEATURES)}")
+        stock = FA4_STOCK_FEATURES[name]
+        if value is stock or (stock is not None and value == stock):
+            continue
+        raise ValueError(f"{name} is not supported by the SM90 FP8 forward (fa4_rowmax.fp8_sm90); "
+                         f"accepted: {name}={stock!r}")
+    knobs = {}
+    mode = "exact"
+    if softmax_stage is not None:
+        mode = softmax_stage.mode
+        knobs = dict(rescale_threshold=softmax_stage.rescale_threshold, beta=softmax_stage.beta,
+                     anchor_rounding=softmax_stage.anchor_rounding, rescale_vote=softmax_stage.rescale_vote)
+    result_out, result_lse = flash_attn_fp8_sm90(q, k, v, softmax_scale, causal, mode, q_descale=q_descale,
+                                                 k_descale=k_descale, v_descale=v_descale, **knobs)
+    if out is not None:
+        out.copy_(result_out)
+        result_out = out
+    if lse is not None:
+        lse.copy_(result_lse)
+        result_lse = lse
+    return result_out, result_lse, None, None, None

@@ -406,3 +406,30 @@ def test_mixed_dtypes_and_gradients_raise():
         flash_attn_fp8_sm90(q, k, v.to(torch.bfloat16))
     with pytest.raises(ValueError, match="forward-only"):
         flash_attn_fp8_sm90(q.clone().requires_grad_(True), k, v)
+
+
+def test_fa4_routing_entry_refuses_non_stock_features():
+    from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
+
+    q, k, v = _cpu_inputs()
+    for features, match in ((dict(softcap=30.0), "softcap is not supported"),
+                            (dict(num_splits=4), "num_splits is not supported"),
+                            (dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q is not supported")):
+        with pytest.raises(ValueError, match=match):
+            fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False, softmax_stage=None, features=features)
+    with pytest.raises(TypeError, match="unknown FA4 feature"):
+        fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False, softmax_stage=None, features=dict(foo=1))
+
+
+def test_fa4_routing_entry_maps_the_stage():
+    """The stage's knobs reach the FP8 path's validation (beta is refused there, the range rule applies)."""
+    from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
+    from fa4_rowmax.interface import SoftmaxStage
+
+    q, k, v = _cpu_inputs()
+    with pytest.raises(ValueError, match="beta must be None"):
+        fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False,
+                             softmax_stage=SoftmaxStage("rowmax_h15", beta=0.5), features={})
+    with pytest.raises(ValueError, match="lets P reach"):
+        fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False,
+                             softmax_stage=SoftmaxStage("rowmax_h15", rescale_threshold=1.0), features={})
