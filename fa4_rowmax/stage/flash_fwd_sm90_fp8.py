@@ -4,6 +4,7 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
 
 - `_check_type`: e4m3 Q, K and V^T, BF16 O.
 - `_get_tiled_mma`: e4m3 wgmma (K = 32, both operands K-major, P from registers).
+- `_get_smem_layout_atom`: one BF16 head-dim atom for FA4's (unused here) cp.async copy shapes.
 - `_get_shared_storage_cls`: V^T's K-major shared layout, and a Q buffer big enough for the BF16 O that reuses
   it (Note [FP8 kernel dtypes]).
 - `first_half_block_overlap` / `mma_one_n_block_intrawg_overlap`: the softmax stage writes the e4m3 P
