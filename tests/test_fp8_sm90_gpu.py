@@ -433,3 +433,26 @@ def test_fa4_routing_entry_maps_the_stage():
     with pytest.raises(ValueError, match="lets P reach"):
         fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False,
                              softmax_stage=SoftmaxStage("rowmax_h15", rescale_threshold=1.0), features={})
+
+
+# --- FA4's public calls route SM90 FP8 to this forward (patch 0001) ------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_flash_attn_func_routes_fp8_on_sm90(mode):
+    """Code written for FA4 FP8 on a B200 runs unchanged on an H200: flash_attn_func with e4m3 q/k/v gives
+    exactly what the SM90 FP8 forward gives; untested features and gradients are refused."""
+    from flash_attn.cute import flash_attn_func
+
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(21, 2, 509, 777, 8, 2, 128)
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, causal=True, softmax_mode=mode, return_lse=True)
+        direct_out, direct_lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode=mode)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, direct_out) and torch.equal(lse, direct_lse)
+    with pytest.raises(ValueError, match="window_size_left is not supported"):
+        flash_attn_func(q, k, v, causal=True, softmax_mode=mode, window_size=(64, 0))
+    with pytest.raises(ValueError, match="learnable_sink is not supported"):
+        flash_attn_func(q, k, v, softmax_mode=mode, learnable_sink=torch.zeros(8, device="cuda"))
