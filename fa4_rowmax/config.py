@@ -48,7 +48,14 @@ _FP8_P_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # those exist only up to the dtype's max: the largest weight 2**(max_offset + rescale_threshold + the round-up
 # log2(1.5) - 1/4) must stay below it (FA4's range rule), or the config has no meaning. (`exact` with an FP8 P
 # stays accepted past it: there the saturating convert is a defined behaviour the reference models.)
-H15_LOG2_ROUND_UP = math.log2(1.5) - 0.25
+# Note [P range with a rounded-up weight]
+# FA4 requires max_offset + rescale_threshold < log2(max of the P dtype) (Note [Low Precision Scaling] in
+# flash_fwd_sm100.py): a stale max lets x reach max_offset + rescale_threshold. Rowmax-H15 rounds x to
+# the nearest half octave and then takes S, so log2(H(x)) - x reaches log2(1.5) - 0.25 = 0.335 octaves;
+# Rowmax-PoT rounds to the nearest octave, up to 0.5. That headroom must fit too, or the top weights
+# saturate in P while the fp32 row sum counts them in full.
+LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25, "rowmax_pot": 0.5}
+H15_LOG2_ROUND_UP = LOG2_ROUND_UP["rowmax_h15"]
 
 
 def _check_int(name: str, value, low: int, high: Optional[int] = None) -> None:

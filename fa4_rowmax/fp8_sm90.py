@@ -17,19 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
+from fa4_rowmax.config import FP8_MAX_OFFSET, KERNEL_MODES, LOG2_ROUND_UP
 from fa4_rowmax.stage.softmax_sm90_fp8 import (
     CLAMPS,
     E4M3_MAX,
-    FP8_MAX_OFFSET,
     ROW_SUM_COLUMNS,
     Fp8Stage,
 )
 
-SOFTMAX_MODES = ("exact", "rowmax_h15")
+# The FP8 forward implements exact and rowmax_h15 of the FA4 stage's modes (rowmax_pot is refused here).
+SOFTMAX_MODES = tuple(m for m in KERNEL_MODES if m != "rowmax_pot")
 HEAD_DIMS = (64, 128)
 TILE_NS = (128, 160, 192, 224)  # multiples of 32: the e4m3 wgmma K
-# log2(H(y)) - y reaches log2(1.5) - 0.25 in rowmax_h15 (Note [P range with a rounded-up weight], interface.py).
-LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25}
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,10 @@ from typing import Callable, Optional
 
 import torch
 
-from fa4_rowmax.config import ANCHOR_ROUNDINGS, KERNEL_MODES, SoftmaxConfig
+from fa4_rowmax.config import ANCHOR_ROUNDINGS, FP8_MAX_OFFSET, KERNEL_MODES, LOG2_ROUND_UP, SoftmaxConfig
 
 APPROXIMATE_MODES = tuple(m for m in KERNEL_MODES if m != "exact")
 
-# Note [P range with a rounded-up weight]
-# FA4 requires max_offset + rescale_threshold < log2(max of the P dtype) (Note [Low Precision Scaling] in
-# flash_fwd_sm100.py): a stale max lets x reach max_offset + rescale_threshold. Rowmax-H15 rounds x to
-# the nearest half octave and then takes S, so log2(H(x)) - x reaches log2(1.5) - 0.25 = 0.335 octaves;
-# Rowmax-PoT rounds to the nearest octave, up to 0.5. That headroom must fit too, or the top weights
-# saturate in P while the fp32 row sum counts them in full.
-LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25, "rowmax_pot": 0.5}
 
 # Note [Features allowed with a softmax stage]
 # A softmax stage (an approximate mode, or exact with a knob) has been checked on the H200 against the
@@ -104,7 +97,7 @@ def fa4_default_rescale_threshold(arch: int, q_dtype: torch.dtype) -> float:
 def fa4_max_offset(q_dtype: torch.dtype) -> int:
     """FA4's FP8 P offset (Note [Low Precision Scaling]): 8 for 8-bit inputs, else 0; checked at trace time
     against the stock softmax object, as the threshold is."""
-    return 8 if torch.finfo(q_dtype).bits == 8 else 0
+    return FP8_MAX_OFFSET if torch.finfo(q_dtype).bits == 8 else 0
 
 
 @dataclass(frozen=True)

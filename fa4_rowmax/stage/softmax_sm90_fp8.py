@@ -50,8 +50,8 @@ from fa4_rowmax.stage.softmax_base import (
     h15_anchor_addend,
     ptx_fragment,
 )
+from fa4_rowmax.config import FP8_MAX_OFFSET
 
-FP8_MAX_OFFSET = 8
 E4M3_MAX = 448.0
 
 # Note [H15 e4m3 bytes by integer ops]
