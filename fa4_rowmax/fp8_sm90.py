@@ -12,6 +12,7 @@ Causal masking is bottom-right aligned (FA4's). Forward only.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -28,7 +29,15 @@ from fa4_rowmax.stage.softmax_sm90_fp8 import (
 # The FP8 forward implements exact and rowmax_h15 of the FA4 stage's modes (rowmax_pot is refused here).
 SOFTMAX_MODES = tuple(m for m in KERNEL_MODES if m != "rowmax_pot")
 HEAD_DIMS = (64, 128)
-TILE_NS = (128, 160, 192, 224)  # multiples of 32: the e4m3 wgmma K
+TILE_NS = (128, 160, 192, 224)
+# Note [MMA row sum at long rows]
+# With row_sum="mma" the row sum is a column of the PV GEMM, summed in Hopper's FP8 accumulator, which keeps
+# about 14 bits and truncates (Note [Row sum by the MMA]): over L keys the sum of positive weights loses up to
+# ceil(L / 32) * 33 * 2^-13 of itself (a worst case that grows with L). On the H200 the shared benchmark's gate
+# failed it at 8K keys non-causal (output error 0.15 exact / 0.25 H15 against fp32 attention, 0.32 at 16K;
+# bench/results/h200_2026-12-01/bench_fp8/), while the GPU tests, whose bounds carry that accumulation term,
+# pass it up to 2,048 keys. So it is refused beyond the tested length, not passed through.
+MMA_ROW_SUM_MAX_KEYS = 2048  # multiples of 32: the e4m3 wgmma K
 
 
 @dataclass(frozen=True)
@@ -210,6 +219,9 @@ def flash_attn_fp8_sm90(
                           row_sum, rescale_vote, clamp)
     if tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
+    if stage.row_sum == "mma" and k.shape[1] > MMA_ROW_SUM_MAX_KEYS:
+        raise ValueError(f"row_sum='mma' is accepted for seqlen_k <= {MMA_ROW_SUM_MAX_KEYS} only "
+                         f"(Note [MMA row sum at long rows]); got seqlen_k {k.shape[1]}: use row_sum='fadd'")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     config = KernelConfig(head_dim=head_dim, qhead_per_kvhead=heads_q // heads_kv, causal=bool(causal),
@@ -245,6 +257,26 @@ def flash_attn_fp8_sm90(
     _compile_cache[config](q_u8, k_u8, vt_u8, out, lse, float(softmax_scale),
                            None, None, None, None, None, None, None, None, None, aux, None, None)
     return out, lse
+
+
+def fp8_backend(softmax_mode: str = "rowmax_h15", **levers):
+    """A gate backend (fa4_rowmax/gates): `(q, k, v, causal) -> (out, lse)` through `flash_attn_fp8_sm90` with
+    e4m3 q, k, v, under `torch.no_grad()` (the forward refuses tensors that require grad). `levers` are
+    `flash_attn_fp8_sm90`'s keywords (rescale_threshold, anchor_rounding, row_sum, rescale_vote, clamp, tile_n,
+    ...); unknown names and modes raise here, not at the first call."""
+    if softmax_mode not in SOFTMAX_MODES:
+        raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
+    fixed = {"q", "k", "v", "causal", "softmax_mode"}
+    accepted = set(inspect.signature(flash_attn_fp8_sm90).parameters) - fixed
+    unknown = sorted(set(levers) - accepted)
+    if unknown:
+        raise TypeError(f"fp8_backend: unknown levers {unknown}; accepted: {sorted(accepted)}")
+
+    def backend(q, k, v, causal):
+        with torch.no_grad():
+            return flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=softmax_mode, **levers)
+
+    return backend
 
 
 # FA4 `_flash_attn_fwd` arguments this path serves only at their stock value (ValueError otherwise).

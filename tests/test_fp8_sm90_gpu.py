@@ -187,7 +187,7 @@ LEVERS = [
 
 
 @pytest.mark.parametrize("levers", LEVERS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
-@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[4], (1, 300, 2048, 2, 2, 128)])  # 2048: MMA_ROW_SUM_MAX_KEYS
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
 def test_levers_match_reference(shape, levers):
@@ -456,3 +456,12 @@ def test_flash_attn_func_routes_fp8_on_sm90(mode):
         flash_attn_func(q, k, v, causal=True, softmax_mode=mode, window_size=(64, 0))
     with pytest.raises(ValueError, match="learnable_sink is not supported"):
         flash_attn_func(q, k, v, softmax_mode=mode, learnable_sink=torch.zeros(8, device="cuda"))
+
+
+def test_mma_row_sum_is_refused_beyond_the_tested_length():
+    from fa4_rowmax.fp8_sm90 import MMA_ROW_SUM_MAX_KEYS, flash_attn_fp8_sm90
+
+    q = torch.zeros(1, 64, 2, 128, dtype=E4M3)
+    kv = torch.zeros(1, MMA_ROW_SUM_MAX_KEYS + 1, 2, 128, dtype=E4M3)
+    with pytest.raises(ValueError, match=r"row_sum='mma' is accepted for seqlen_k <= 2048"):
+        flash_attn_fp8_sm90(q, kv, kv, row_sum="mma")
