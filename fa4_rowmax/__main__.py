@@ -5,7 +5,10 @@ Subjects and what each must give:
 - exact softmax (control): the multi-tile gate PASSES (it bounds any softmax within H15's error) and the
   single-tile H15 gate FAILS (exact is not H15); a control that passed it would mean the gate sees nothing;
 - on a GPU, the same three through the patched FA4 kernel (`fa4_rowmax.interface.fa4_backend`); a GPU run
-  whose kernels cannot load fails (exit 3) unless `--reference-only` says the reference alone is wanted.
+  whose kernels cannot load fails (exit 3) unless `--reference-only` says the reference alone is wanted;
+- on an SM90 GPU also the SM90 FP8 forward (`fa4_rowmax.fp8_sm90.fp8_backend`) with e4m3 inputs only: H15 must
+  pass every gate, exact (control) the multi-tile gate only; their single-tile reference is the FP8 H15
+  reference (P in e4m3, max_offset 8, tile_n 128; Note [FP8 inputs in the gates] in gates/gates.py).
 The main job, `python -m bench.main_job`, runs these gates and then the short benchmark.
 The single-tile gate always compares against the reference Rowmax-H15 (threshold 0; one tile never meets
 the threshold).
@@ -24,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.gates.gates import GateReport, format_report, run_gates
 from fa4_rowmax.gates.readback import Backend
 from fa4_rowmax.reference.attention import attention_reference
@@ -51,6 +54,11 @@ def _reference_backend(mode: str, rescale_threshold: float = 0.0) -> Backend:
     )
 
 
+def _fp8_reference_backend() -> Backend:
+    config = SoftmaxConfig(mode="rowmax_h15", p_dtype=torch.float8_e4m3fn, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    return functools.partial(attention_reference, config=config)
+
+
 def _reference_subjects() -> list[Subject]:
     return [
         Subject("reference rowmax_h15 threshold 0", _reference_backend("rowmax_h15", 0.0), True),
@@ -72,6 +80,24 @@ def _kernel_subjects() -> tuple[list[Subject], str | None]:
     except (ImportError, RuntimeError, AttributeError) as error:
         return [], f"{type(error).__name__}: {error}"
     return subjects, None
+
+
+def _fp8_kernel_subjects() -> tuple[list[Subject], str | None]:
+    """The SM90 FP8 forward's backends, or ``([], why)`` when the module cannot be imported."""
+    try:
+        from fa4_rowmax.fp8_sm90 import fp8_backend
+
+        subjects = [
+            Subject("SM90 FP8 rowmax_h15", fp8_backend("rowmax_h15"), True),
+            Subject("SM90 FP8 exact (control)", fp8_backend("exact"), False),
+        ]
+    except (ImportError, RuntimeError, AttributeError) as error:
+        return [], f"{type(error).__name__}: {error}"
+    return subjects, None
+
+
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def _finite_or_text(value):
@@ -156,6 +182,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nkernel not available: {why} (pass --reference-only to gate the reference alone)")
         for subject in kernels:
             ran_cleanly &= _gate_subject(subject, reference, (torch.bfloat16, torch.float16), device, seeds, results)
+        if _is_sm90():
+            fp8_kernels, fp8_why = _fp8_kernel_subjects()
+            summary["fp8_kernel"] = "available" if fp8_why is None else f"not available: {fp8_why}"
+            if fp8_why is not None:
+                kernel_missing = True
+                print(f"\nSM90 FP8 kernel not available: {fp8_why}")
+            fp8_reference = _fp8_reference_backend()
+            for subject in fp8_kernels:
+                ran_cleanly &= _gate_subject(subject, fp8_reference, (torch.float8_e4m3fn,), device, seeds, results)
+        else:
+            summary["fp8_kernel"] = "not tried (not SM90)"
     else:
         summary["kernel"] = "not tried (cpu)"
 

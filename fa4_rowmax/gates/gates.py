@@ -37,6 +37,50 @@ Note [Lattice ties in the single-tile gate]
     window and only at exactly one lattice step; its row is then compared on the unnormalised weights
     ``w_hat = P * 2^(lse log2 e)``, which the LSE keeps free of the row-sum change. Flips are counted in the
     report. Everywhere else the normalised P is compared directly.
+
+Note [FP8 inputs in the gates]
+    With FP8 (e4m3) q and k the inputs are drawn as for the other dtypes and rounded to e4m3; the exact fp64
+    scores are computed from those same e4m3 values, so input quantization is never counted as softmax
+    error. V is one-hot (exact in e4m3), the output is BF16 (its rounding enters as ``u_out``). What
+    changes, all derived from FA4's FP8 rules (max_offset 8, P in e4m3):
+    - Scores: the FP8 score GEMM sums exact e4m3 products in Hopper's FP8 accumulator, which keeps about
+      14 significant bits, so a score is off by up to ``scale_log2 * 2^-13 * sum_d |q_d k_d|`` (the model
+      of Note [FP8 kernel vs reference bounds], tests/test_fp8_sm90_gpu.py) instead of the fp32 bound.
+    - P's normal range: P is the weight relative to the anchor times ``2^max_offset``, held in e4m3, whose
+      normals end at ``2^-6``: weights below ``2^-14`` of the anchor weight are flushed to 0 (H15, Note [H15
+      with FP8 P] in reference/attention.py) or subnormal (exact's convert). Like elements below the output
+      dtype's normal range (Note [Underflow of P in the output dtype], readback.py) they are not resolvable
+      through P: they are excluded from the ratio checks and counted ("below P's normal range"), and
+      judged only in that their P must not come out above the floor. The anchor never exceeds the row
+      max, so an element at least ``2^-14`` (plus headroom) of the row's top weight below it is normal at
+      every anchor. The 16-bit and 32-bit P dtypes reach at least as low as the output dtype: no floor.
+    - Flushed weights leave the H15 row sum (it adds the very P that enters P@V), so the normalised P of
+      the others rises by up to ``1 / (1 - delta)``, ``delta`` the exact mass of the row's unresolvable
+      elements: the multi-tile ratio's upper bound gains ``-log2(1 - delta)`` (largest over rows; the LSE
+      and row-max views see the weights themselves and need nothing). Exact's row sum adds the fp32
+      weights (FA4's FP8 rule): delta is then an over-estimate, never an under-estimate.
+    - Single tile: a correct FP8 H15 backend builds P's bytes from the lattice index (no float P, no
+      rounding: every H15 weight above the flush is exact in e4m3), so the P-rounding term is 0 there; at
+      e4m3's ``u = 2^-4`` it would be 0.18 octave over both sides, 44 % of the smallest lattice step, and
+      would let wrong lattice points through. The 16-bit dtypes keep their (small) conservative term.
+      Reference and kernel flush at the same anchor (the row max), except one lattice point: H15 weight
+      ``1.5 * 2^-7`` (``2^-15 * 1.5`` of the top weight, half-octave index ``2 log2(tiny) - 1`` = -13 after
+      the offset) is written ``2^-7`` (e4m3 byte 4) by the SM90 kernel and flushed by the reference
+      (docs/fp8_sm90.md). That P itself is below the floor, which sits half an octave below the smallest
+      normal weight (``2^-14.5`` of the row's top P, midway between byte 8 = ``2^-14`` and byte 4 =
+      ``2^-15``): byte 4 reads as 0, while any element raised to the smallest normal weight or above still
+      fails by at least 0.5 octave. Its weight joins the kernel's row sum, moving every other P of the row
+      by at most ``log2(1 + n_4 * 2^-15 * P_top)`` octaves (``n_4`` the elements on that lattice point or
+      within score rounding of it, ``P_top`` the row's normalised top weight; the tolerance takes
+      ``2^-14`` per element, which also covers the flush-line ties below): the largest over rows joins the
+      tolerance (about 1e-3 octave at the gate's score spread). So the gate covers the kernel's rule without
+      changing the reference, and widens nothing else.
+      The flush line is a lattice boundary too (Note [Lattice ties in the single-tile gate]): an element
+      within score rounding of it (``2 (x - m) = 2 log2(tiny) - 0.5 - 2 max_offset`` = -28.5) may come out
+      as the smallest normal weight on one side and byte 4 or 0 on the other. For those elements alone the
+      floor is just above the smallest normal weight (``2^(-14 + tol)`` of the top P), so either reads as
+      the floor; each may also move its row sum, by at most ``2^-14 * P_top``, which the row-sum term above
+      takes for every element on or near the byte-4 point.
 """
 
 import math
@@ -45,12 +89,15 @@ from typing import Sequence
 
 import torch
 
+from fa4_rowmax.config import FP8_MAX_OFFSET
 from fa4_rowmax.gates.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
 
 H15_ENVELOPE = (-0.25, math.log2(1.5) - 0.25)  # log2(H(y)) - y, octaves
 H15_RATIO_BOUND = math.log2(1.5)  # |log2(P_kernel / P_exact)|: two envelope extremes apart
 SINGLE_TILE = 128  # the paper's tile: causal 128x128, 8,256 valid elements
 FP32_UNIT_ROUNDOFF = 2.0**-24
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 MMA accumulator (Note [FP8 inputs in the gates])
 
 Where = tuple[int, int, int, int]  # (batch, head_q, row, col)
 
@@ -155,13 +202,22 @@ def _log2_scores(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.
     k64 = k.to(torch.float64).permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     scale_log2 = head_dim**-0.5 * math.log2(math.e)
     x = q64 @ k64.transpose(-1, -2) * scale_log2
-    dot_error = head_dim * FP32_UNIT_ROUNDOFF * (q64.abs() @ k64.abs().transpose(-1, -2)) * scale_log2
+    # Note [FP8 inputs in the gates]: FP8 products are exact, their sum keeps ~14 bits.
+    sum_error = 2.0 ** (1 - FP8_ACCUMULATOR_BITS) if q.dtype in FP8_DTYPES else head_dim * FP32_UNIT_ROUNDOFF
+    dot_error = sum_error * (q64.abs() @ k64.abs().transpose(-1, -2)) * scale_log2
     return x, dot_error + 2 * FP32_UNIT_ROUNDOFF * x.abs()
 
 
 def _p_unit_roundoff(dtype: torch.dtype) -> float:
     """P is held in q's dtype before P@V, never finer than fp32 (Note [Gate tolerances])."""
     return max(unit_roundoff(dtype), FP32_UNIT_ROUNDOFF)
+
+
+def _p_floor_log2(dtype: torch.dtype) -> float:
+    """log2 of the smallest normal weight relative to the anchor weight that P in q's dtype holds: FP8 P
+    carries ``2^max_offset``, so ``log2(tiny) - max_offset`` (-14 for e4m3); -inf for the other dtypes,
+    whose P reaches below the output dtype's normal range (Note [FP8 inputs in the gates])."""
+    return math.log2(torch.finfo(dtype).tiny) - FP8_MAX_OFFSET if dtype in FP8_DTYPES else -math.inf
 
 
 def _lse_error_log2(lse: torch.Tensor) -> float:
@@ -182,10 +238,11 @@ def _mask_checks(read: ProbabilityReadback, valid: torch.Tensor) -> list[Check]:
     return checks
 
 
-def _judged_log2_ratio(p: torch.Tensor, p_expected: torch.Tensor, floor: float) -> torch.Tensor:
-    """``log2(p / p_expected)``; where ``p_expected`` is below ``floor`` (not resolvable in the output
-    dtype) both sides are clamped at ``floor``, so underflow reads 0 and only a P that came out large
-    where a tiny one was expected is seen (Note [Underflow of P in the output dtype], readback.py)."""
+def _judged_log2_ratio(p: torch.Tensor, p_expected: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """``log2(p / p_expected)``; where ``p_expected`` is below ``floor`` (per row: not resolvable in the
+    output dtype or in P's, Note [FP8 inputs in the gates]) both sides are clamped at ``floor``, so
+    underflow reads 0 and only a P that came out large where a tiny one was expected is seen (Note
+    [Underflow of P in the output dtype], readback.py)."""
     small = p_expected < floor
     return torch.where(small, p.clamp_min(floor).log2() - p_expected.clamp_min(floor).log2(), (p / p_expected).log2())
 
@@ -230,36 +287,57 @@ def single_tile_gate(
     # Single tile: the anchor is the row max, so the lattice argument is y = x - row_max.
     y_error = x_error + x_error.gather(-1, max_index) + 2 * FP32_UNIT_ROUNDOFF * row_max.abs()
 
-    u = sum(unit_roundoff(d) for d in (kernel.out_dtype, expected.out_dtype)) + 2 * _p_unit_roundoff(dtype)
-    y_error_max = float(y_error[valid.expand_as(x)].max())
-    # Both sides' P rounding, row sums, scores and (for rows compared on w_hat) LSEs.
+    fp8 = dtype in FP8_DTYPES
+    p_floor_log2 = _p_floor_log2(dtype)
+    # Note [FP8 inputs in the gates]: FP8 H15 P is exact bytes, no rounding term.
+    u = sum(unit_roundoff(d) for d in (kernel.out_dtype, expected.out_dtype)) + (0 if fp8 else 2 * _p_unit_roundoff(dtype))
+    judged = valid.expand_as(kernel.p)
+    y_error_max = float(y_error[judged].max())
+    # Note [FP8 inputs in the gates]: the lattice point just below P's normal range (byte 4) may join the
+    # kernel's row sum and not the reference's.
+    two_y = 2 * (x - row_max)
+    below_floor_point = 2 * p_floor_log2 - 1
+    on_byte4 = judged & ((two_y - below_floor_point).abs() <= 0.5 + 2 * y_error)
+    flush_tie = judged & ((two_y - (below_floor_point + 0.5)).abs() <= 2 * y_error)
+    p_top = expected.p.amax(dim=-1, keepdim=True)
+    byte4_shift = on_byte4.sum(dim=-1, keepdim=True) * 2.0**p_floor_log2 * p_top
+    byte4_shift_max = float(byte4_shift.max()) if fp8 else 0.0
+    # Both sides' P rounding, row sums, scores, (for rows compared on w_hat) LSEs, and the byte-4 row sums.
     tol = (
         (u + 2 * SINGLE_TILE * FP32_UNIT_ROUNDOFF) / math.log(2)
         + 2 * y_error_max
         + _lse_error_log2(kernel.lse)
         + _lse_error_log2(expected.lse)
+        + math.log2(1 + byte4_shift_max)
     )
-    floor = torch.finfo(kernel.out_dtype).tiny * 2**tol  # below it a ratio says nothing (underflow)
-    judged = valid.expand_as(kernel.p)
-    p_ratio = _judged_log2_ratio(kernel.p, expected.p, floor)
+    out_floor = torch.finfo(kernel.out_dtype).tiny * 2**tol  # below it a ratio says nothing (underflow)
+    # Midway between bytes 8 and 4 (FP8; 0 otherwise); just above byte 8 within score rounding of the flush.
+    p_floor = p_top * torch.where(flush_tie, 2.0 ** (p_floor_log2 + tol), 2.0 ** (p_floor_log2 - 0.5))
+    p_ratio = _judged_log2_ratio(kernel.p, expected.p, torch.clamp_min(p_floor, out_floor))
     w_ratio = kernel.log2_weights - expected.log2_weights
 
     # Note [Lattice ties in the single-tile gate]
-    two_y = 2 * (x - row_max)
     boundary_distance = (two_y - (two_y.floor() + 0.5)).abs() / 2
     steps = torch.tensor([math.log2(1.5), math.log2(4 / 3)], dtype=torch.float64, device=x.device)
     step_error, step = (w_ratio.abs().unsqueeze(-1) - steps).abs().min(dim=-1)
     flipped = judged & (boundary_distance <= y_error) & (step_error <= tol) & (w_ratio.abs() > tol)
-    resolved = resolvable(expected.p, kernel.out_dtype, headroom_log2=tol)
+    out_resolved = resolvable(expected.p, kernel.out_dtype, headroom_log2=tol)
+    p_normal = expected.p >= p_floor
+    resolved = out_resolved & p_normal
     flipped &= resolved
     rows_with_flip = flipped.any(dim=-1, keepdim=True)
     residual = torch.where(rows_with_flip & resolved, w_ratio, p_ratio)
     residual = torch.where(flipped, w_ratio - w_ratio.sign() * steps[step], residual)  # what is left of a flip
-    n_underflow = int((judged & ~resolved).sum())
+    n_underflow = int((judged & p_normal & ~out_resolved).sum())
     note = (
         f"rounding tol {tol:.3g} oct (out {_dtype_name(kernel.out_dtype)}); lattice ties flipped: "
         f"{int(flipped.sum())}; unresolvable (underflow): {n_underflow}"
     )
+    if fp8:
+        note += (
+            f"; below P's normal range (flushed): {int((judged & ~p_normal).sum())}"
+            f"; on the byte-4 point: {int(on_byte4.sum())}, at the flush within score rounding: {int(flush_tie.sum())}"
+        )
     checks = [_evaluate("P vs H15 reference", residual, judged, (-tol, tol), note)]
     checks += _mask_checks(kernel, valid)
     setup = f"{_dtype_name(dtype)} causal {SINGLE_TILE}x{SINGLE_TILE} d{head_dim} seed {seed}"
@@ -318,11 +396,17 @@ def multi_tile_gate(
     u = unit_roundoff(kernel.out_dtype) + _p_unit_roundoff(dtype)
     tol = (u + 2 * seqlen_k * FP32_UNIT_ROUNDOFF) / math.log(2) + 2 * y_error_max + _lse_error_log2(kernel.lse)
     headroom = H15_RATIO_BOUND + tol  # a correct P may sit this far below P_exact
-    floor = torch.finfo(kernel.out_dtype).tiny * 2**headroom
-    resolved = judged & resolvable(p_exact, kernel.out_dtype, headroom_log2=headroom)
-    n_underflow = int((judged & ~resolved).sum())
+    out_floor = torch.finfo(kernel.out_dtype).tiny * 2**headroom
+    # Note [FP8 inputs in the gates]: P's own normal range, relative to the row's top weight.
+    p_floor = (p_exact.amax(dim=-1, keepdim=True) * 2.0 ** (_p_floor_log2(dtype) + headroom)).nan_to_num(0.0)
+    p_normal = judged & (p_exact >= p_floor)
+    resolved = p_normal & resolvable(p_exact, kernel.out_dtype, headroom_log2=headroom)
+    n_underflow = int((p_normal & ~resolved).sum())
+    n_flushed = int((judged & ~p_normal).sum())
+    flushed_mass = torch.where(judged & ~p_normal, p_exact, 0.0).sum(dim=-1)
+    flush_widening = -math.log2(1 - float(flushed_mass.max()))
 
-    ratio = _judged_log2_ratio(kernel.p, p_exact, floor)
+    ratio = _judged_log2_ratio(kernel.p, p_exact, torch.clamp_min(p_floor, out_floor))
     lse_view = kernel.log2_weights - x
     argmax = x.argmax(dim=-1, keepdim=True)
     shift_at_max = ratio.gather(-1, argmax)  # the paper's per-row normalisation shift (green ticks)
@@ -335,8 +419,12 @@ def multi_tile_gate(
     lo, hi = H15_ENVELOPE
     checks = [
         _evaluate(
-            "log2(P/P_exact)", ratio, judged, (-H15_RATIO_BOUND - tol, H15_RATIO_BOUND + tol),
-            f"tol {tol:.3g} oct (out {_dtype_name(kernel.out_dtype)}); unresolvable (underflow): {n_underflow}",
+            "log2(P/P_exact)", ratio, judged, (-H15_RATIO_BOUND - tol, H15_RATIO_BOUND + tol + flush_widening),
+            f"tol {tol:.3g} oct (out {_dtype_name(kernel.out_dtype)}); unresolvable (underflow): {n_underflow}"
+            + (
+                f"; below P's normal range: {n_flushed} (flushed mass widens by {flush_widening:.2g} oct)"
+                if dtype in FP8_DTYPES else ""
+            ),
         ),
         _evaluate(
             "log2(w_hat/w) via LSE", lse_view, resolved, (lo - tol, hi + tol),

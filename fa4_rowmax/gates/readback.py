@@ -97,10 +97,12 @@ def one_hot_value_block(k: torch.Tensor, block: int, head_dim_v: int) -> torch.T
     first_key = block * head_dim_v
     if not 0 <= first_key < seqlen_k:
         raise ValueError(f"block must be in [0, {math.ceil(seqlen_k / head_dim_v)}), got {block}")
-    v = torch.zeros(batch, seqlen_k, heads_k, head_dim_v, dtype=k.dtype, device=k.device)
+    # Built in float32, then converted (0 and 1 are exact in every dtype): the indexed store then needs no
+    # FP8 kernel on any device.
+    v = torch.zeros(batch, seqlen_k, heads_k, head_dim_v, dtype=torch.float32, device=k.device)
     keys = torch.arange(first_key, min(first_key + head_dim_v, seqlen_k), device=k.device)
     v[:, keys, :, keys - first_key] = 1
-    return v
+    return v.to(k.dtype)
 
 
 def read_probabilities(
