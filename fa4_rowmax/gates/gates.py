@@ -73,8 +73,8 @@ Note [FP8 inputs in the gates]
       by at most ``log2(1 + n_4 * 2^-15 * P_top)`` octaves (``n_4`` the elements on that lattice point or
       within score rounding of it, ``P_top`` the row's normalised top weight; the tolerance takes
       ``2^-14`` per element, which also covers the flush-line ties below): the largest over rows joins the
-      tolerance (about 1e-3 octave at the gate's score spread). So the gate covers the kernel's rule without
-      changing the reference, and widens nothing else.
+      tolerance (below 1e-3 octave at the gate's score spread, seeds 0-2). So the gate covers the kernel's
+      rule without changing the reference, and widens nothing else.
       The flush line is a lattice boundary too (Note [Lattice ties in the single-tile gate]): an element
       within score rounding of it (``2 (x - m) = 2 log2(tiny) - 0.5 - 2 max_offset`` = -28.5) may come out
       as the smallest normal weight on one side and byte 4 or 0 on the other. For those elements alone the
@@ -290,7 +290,8 @@ def single_tile_gate(
     fp8 = dtype in FP8_DTYPES
     p_floor_log2 = _p_floor_log2(dtype)
     # Note [FP8 inputs in the gates]: FP8 H15 P is exact bytes, no rounding term.
-    u = sum(unit_roundoff(d) for d in (kernel.out_dtype, expected.out_dtype)) + (0 if fp8 else 2 * _p_unit_roundoff(dtype))
+    u = sum(unit_roundoff(d) for d in (kernel.out_dtype, expected.out_dtype))
+    u += 0.0 if fp8 else 2 * _p_unit_roundoff(dtype)
     judged = valid.expand_as(kernel.p)
     y_error_max = float(y_error[judged].max())
     # Note [FP8 inputs in the gates]: the lattice point just below P's normal range (byte 4) may join the

@@ -1,0 +1,210 @@
+"""The gates with FP8 (e4m3) inputs (Note [FP8 inputs in the gates], gates.py): the FP8 reference and a
+closed-form model of the SM90 FP8 H15 kernel pass; exact presented as H15, a lattice shifted by one step and
+one element off by an octave fail, named. On an SM90 GPU the suite runs through the FP8 kernel itself.
+
+The model is fp64 attention with the kernel's P written out by hand (whole-row anchor, which the single tile
+and a threshold-0 schedule share at the row max): P = H(x - m + 8) on the e4m3 lattice, 2^-7 (byte 4) for
+H = 1.5 * 2^-7 and 0 below (docs/fp8_sm90.md), the row sum of that same P, BF16 out. It is independent of
+the library's reference, which flushes byte 4 to 0: the single-tile gate must accept that one difference.
+"""
+
+import functools
+import json
+import math
+
+import pytest
+import torch
+
+import fa4_rowmax.__main__ as main_job
+from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+from fa4_rowmax.gates.gates import H15_ENVELOPE, format_report, multi_tile_gate, run_gates, single_tile_gate
+from fa4_rowmax.reference.attention import attention_reference
+
+E4M3 = torch.float8_e4m3fn
+E4M3_TINY_LOG2 = -6  # e4m3's smallest normal
+
+
+def _reference(mode: str):
+    config = SoftmaxConfig(mode=mode, p_dtype=E4M3, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    return functools.partial(attention_reference, config=config)
+
+
+def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None):
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_k
+    q64 = q.double().permute(0, 2, 1, 3)
+    k64 = k.double().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    v64 = v.double().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    x = q64 @ k64.transpose(-1, -2) * head_dim**-0.5 * math.log2(math.e)
+    if causal:
+        rows = torch.arange(seqlen_q).unsqueeze(1)
+        cols = torch.arange(seqlen_k).unsqueeze(0)
+        x = x.masked_fill(cols > rows + seqlen_k - seqlen_q, -math.inf)
+    m = x.amax(dim=-1, keepdim=True)
+    n = torch.round(2 * (x - m + FP8_MAX_OFFSET)) + lattice_shift  # half-octave index, ties to even
+    n = n.nan_to_num(nan=-1e9, neginf=-1e9)  # masked and empty rows: far below the flush
+    h = torch.exp2(torch.floor(n / 2)) * (1 + torch.remainder(n, 2) / 2)
+    byte4_value = 2.0 ** (E4M3_TINY_LOG2 - 1) if byte4 else 0.0
+    p = torch.where(n >= 2 * E4M3_TINY_LOG2, h, torch.where(n == 2 * E4M3_TINY_LOG2 - 1, byte4_value, 0.0))
+    if edit_p is not None:
+        p = edit_p(p)
+    total = p.sum(dim=-1, keepdim=True)
+    normalised = torch.where(total > 0, p / total, 0.0)
+    lse = torch.where(total > 0, total.log() + (m - FP8_MAX_OFFSET) * math.log(2), -math.inf).squeeze(-1)
+    out = (normalised @ v64).permute(0, 2, 1, 3).to(torch.bfloat16)
+    return out, lse.to(torch.float32)
+
+
+class OneOctaveOffModel:
+    """The model with one weight doubled: the median nonzero weight of one row (the row sum barely moves)."""
+
+    def __init__(self, batch, head, row):
+        self.batch, self.head, self.row = batch, head, row
+        self.col = None
+
+    def _double_one(self, p):
+        row = p[self.batch, self.head, self.row]
+        keys = row.nonzero().squeeze(-1)
+        self.col = int(keys[row[keys].argsort()[len(keys) // 2]])
+        p = p.clone()
+        p[self.batch, self.head, self.row, self.col] *= 2
+        return p
+
+    def __call__(self, q, k, v, causal):
+        return _kernel_model(q, k, v, causal, edit_p=self._double_one)
+
+
+def _note_count(note: str, label: str) -> int:
+    return int(note.split(label + ": ")[1].split(";")[0].split(" ")[0].rstrip(","))
+
+
+# --- correct backends pass -------------------------------------------------------------------------
+
+
+def test_fp8_reference_passes_every_gate():
+    reference = main_job._fp8_reference_backend()  # the one `python -m fa4_rowmax` gates the FP8 kernel against
+    assert reference.keywords["config"] == _reference("rowmax_h15").keywords["config"]
+    reports = run_gates(reference, reference, dtype=E4M3, seeds=(0,))
+    assert all(r.passed for r in reports), "\n" + format_report(reports)
+    assert {r.setup.split()[0] for r in reports} == {"float8_e4m3fn"}
+    paper = next(r for r in reports if r.name == "multi-tile" and "causal 512x512 b1 h1/1" in r.setup)
+    assert paper.n_elements == 131_328
+    # q_std 3 spreads scores over ~4 octaves each way: many weights lie below e4m3 P's normal range, counted.
+    assert _note_count(paper.checks[0].note, "below P's normal range") > 1000, paper.checks[0].note
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kernel_model_with_byte4_passes_single_tile(seed):
+    report = single_tile_gate(_kernel_model, _reference("rowmax_h15"), dtype=E4M3, seed=seed)
+    assert report.passed, str(report)
+    assert report.n_elements == 8256
+    note = report.checks[0].note
+    # Evidence for Note [FP8 inputs in the gates]: byte-4 elements exist and the tolerance stays small.
+    assert _note_count(note, "on the byte-4 point") > 0, note
+    assert _note_count(note, "below P's normal range (flushed)") > 100, note
+    assert report.bound[1] < 0.1, note
+
+
+def test_byte4_is_below_the_floor_but_a_normal_weight_there_fails():
+    # Raising the flushed byte-4 elements to 2^-6 (the smallest normal, byte 8) is a wrong kernel: caught.
+    def byte8_for_byte4(q, k, v, causal):
+        return _kernel_model(q, k, v, causal, edit_p=lambda p: torch.where(p == 2.0**-7, 2.0**-6, p))
+
+    report = single_tile_gate(byte8_for_byte4, _reference("rowmax_h15"), dtype=E4M3, seed=0)
+    assert not report.passed
+    assert report.worst >= 0.5 - 0.05
+
+
+def test_kernel_model_passes_multi_tile_and_so_does_fp8_exact():
+    for backend in (_kernel_model, _reference("exact")):
+        report = multi_tile_gate(backend, causal=True, seqlen_q=512, seqlen_k=512, dtype=E4M3, seed=3)
+        assert report.passed, "\n" + format_report([report])
+
+
+# --- wrong backends fail, and say where ------------------------------------------------------------
+
+
+def test_fp8_exact_presented_as_h15_fails_single_tile_only():
+    reports = run_gates(_reference("exact"), _reference("rowmax_h15"), dtype=E4M3, seeds=(0,))
+    single = [r for r in reports if r.name == "single-tile"]
+    multi = [r for r in reports if r.name == "multi-tile"]
+    assert single and not any(r.passed for r in single)
+    assert 0.1 < abs(single[0].worst) <= math.log2(1.5) + 0.1
+    assert multi and all(r.passed for r in multi), "\n" + format_report(multi)
+
+
+def test_fp8_shifted_lattice_fails_both():
+    shifted = functools.partial(_kernel_model, lattice_shift=1)
+    single = single_tile_gate(shifted, _reference("rowmax_h15"), dtype=E4M3, seed=1)
+    assert not single.passed
+    assert abs(single.worst) > 0.3
+    multi = multi_tile_gate(shifted, causal=True, seqlen_q=512, seqlen_k=512, dtype=E4M3)
+    assert not multi.passed
+    assert multi.deciding.name == "log2(w_hat/w) via LSE"
+    assert multi.worst > H15_ENVELOPE[1]
+
+
+def test_fp8_one_element_one_octave_off_is_named():
+    backend = OneOctaveOffModel(batch=0, head=0, row=77)
+    single = single_tile_gate(backend, _reference("rowmax_h15"), dtype=E4M3, seed=2)
+    assert not single.passed
+    assert single.where == (0, 0, 77, backend.col)
+    assert single.worst == pytest.approx(1.0, abs=0.1)
+
+    backend = OneOctaveOffModel(batch=1, head=3, row=300)
+    multi = multi_tile_gate(backend, causal=True, seqlen_q=509, seqlen_k=509, batch=2, heads_q=4, heads_k=2, dtype=E4M3)
+    assert not multi.passed
+    assert multi.where == (1, 3, 300, backend.col)
+
+
+# --- python -m fa4_rowmax on an SM90 GPU (stand-ins on the CPU) -----------------------------------
+
+
+@pytest.mark.parametrize("control_as_h15, status", [(False, 0), (True, 1)])
+def test_main_gates_fp8_subjects_in_e4m3_only(monkeypatch, tmp_path, control_as_h15, status):
+    # The FP8 subjects are the references standing in for `fp8_backend`; the real kernels run on the H200.
+    subjects = [
+        main_job.Subject("SM90 FP8 rowmax_h15", _reference("rowmax_h15"), True),
+        main_job.Subject("SM90 FP8 exact (control)", _reference("exact"), control_as_h15),
+    ]
+    monkeypatch.setattr(main_job, "_reference_subjects", lambda: [])
+    monkeypatch.setattr(main_job, "_kernel_subjects", lambda: ([], None))
+    monkeypatch.setattr(main_job, "_is_sm90", lambda: True)
+    monkeypatch.setattr(main_job, "_fp8_kernel_subjects", lambda: (subjects, None))
+    # The job takes its GPU branch; the gates themselves run on the CPU.
+    monkeypatch.setattr(main_job, "_resolve_device", lambda parser, device: "cuda")
+    monkeypatch.setattr(main_job, "run_gates", functools.partial(_run_gates_on_cpu, main_job.run_gates))
+    json_path = tmp_path / "gates.json"
+    assert main_job.main(["--device", "cuda", "--seeds", "0", "--json", str(json_path)]) == status
+    summary = json.loads(json_path.read_text())
+    assert summary["fp8_kernel"] == "available"
+    results = summary["results"]
+    assert {r["subject"] for r in results} == {s.label for s in subjects}
+    assert {r["dtype"] for r in results} == {"float8_e4m3fn"}
+    control_single = [r for r in results if "exact" in r["subject"] and r["gate"] == "single-tile"]
+    assert control_single and not any(r["passed"] for r in control_single)
+
+
+def _run_gates_on_cpu(run_gates, backend, reference, *, dtype, device, seeds):
+    return run_gates(backend, reference, dtype=dtype, device="cpu", seeds=seeds)
+
+
+# --- the SM90 FP8 kernel (GPU) ---------------------------------------------------------------------
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+def test_fp8_kernel_h15_passes_and_exact_is_the_control():
+    from fa4_rowmax.fp8_sm90 import fp8_backend
+
+    reference = _reference("rowmax_h15")
+    h15 = run_gates(fp8_backend("rowmax_h15"), reference, dtype=E4M3, device="cuda", seeds=(0, 1))
+    assert all(r.passed for r in h15), "\n" + format_report(h15)
+    exact = run_gates(fp8_backend("exact"), reference, dtype=E4M3, device="cuda", seeds=(0, 1))
+    expect = [r.name != "single-tile" for r in exact]
+    assert [r.passed for r in exact] == expect, "\n" + format_report(exact, expect_pass=expect)
