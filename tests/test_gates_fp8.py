@@ -18,6 +18,7 @@ import torch
 import fa4_rowmax.__main__ as main_job
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.gates.gates import H15_ENVELOPE, format_report, multi_tile_gate, run_gates, single_tile_gate
+from fa4_rowmax.gates.readback import read_probabilities
 from fa4_rowmax.reference.attention import attention_reference
 
 E4M3 = torch.float8_e4m3fn
@@ -92,6 +93,21 @@ def test_fp8_reference_passes_every_gate():
     assert paper.n_elements == 131_328
     # q_std 3 spreads scores over ~4 octaves each way: many weights lie below e4m3 P's normal range, counted.
     assert _note_count(paper.checks[0].note, "below P's normal range") > 1000, paper.checks[0].note
+
+
+def test_kernel_model_differs_from_the_reference_only_on_byte4():
+    # The premise of the single-tile acceptance: where the model and the reference disagree on P, the
+    # reference has 0 and the model 2^-7 of 2^8 (2^-15 of the top weight): byte 4, nowhere else.
+    q, k = (torch.randn(1, 128, 1, 128, generator=torch.Generator().manual_seed(s), dtype=torch.float64) * std
+            for s, std in ((0, 3.0), (1, 1.0)))
+    q, k = q.to(E4M3), k.to(E4M3)
+    model = read_probabilities(_kernel_model, q, k, causal=True)
+    reference = read_probabilities(_reference("rowmax_h15"), q, k, causal=True)
+    model_weights = model.p / model.p.amax(dim=-1, keepdim=True)
+    differs = ~torch.isclose(model.p, reference.p, rtol=2.0**-6, atol=0.0)  # beyond BF16 and row-sum rounding
+    assert differs.sum() > 0
+    assert (reference.p[differs] == 0).all()
+    assert torch.allclose(model_weights[differs], torch.full_like(model_weights[differs], 2.0**-15), rtol=2.0**-7)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

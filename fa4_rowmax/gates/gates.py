@@ -12,7 +12,8 @@ through one-hot V (readback.py). Two gates:
   from P and the LSE] in readback.py).
 
 ``run_gates`` runs both over causal and non-causal problems, seqlens that are not multiples of the tile,
-GQA, fully masked rows and several seeds; ``format_report`` prints the result as a table.
+GQA, fully masked rows and several seeds; ``format_report`` prints the result as a table. ``dtype`` may be
+FP8 (e4m3 q, k, v; BF16 out; Note [FP8 inputs in the gates]).
 
 Note [Gate tolerances]
     Every bound is widened by the rounding a correct backend may carry, derived from the dtypes (never
@@ -272,7 +273,9 @@ def single_tile_gate(
     """One causal 128x128 tile: ``backend``'s P equals ``reference``'s P to rounding.
 
     ``reference`` is the Rowmax-H15 reference backend, e.g.
-    ``functools.partial(attention_reference, config=SoftmaxConfig(mode="rowmax_h15"))``. ``q_std`` is the
+    ``functools.partial(attention_reference, config=SoftmaxConfig(mode="rowmax_h15"))``; for FP8 inputs
+    (``dtype=torch.float8_e4m3fn``) the FP8 one, ``SoftmaxConfig(mode="rowmax_h15", p_dtype=torch.float8_e4m3fn,
+    max_offset=8, tile_n=128)`` (Note [FP8 inputs in the gates]). ``q_std`` is the
     standard deviation of q's entries (k's is 1): the scores spread about ``1.44 * q_std`` octaves.
     """
     _check_common(dtype, device, seed, head_dim, q_std)
