@@ -56,3 +56,19 @@ def test_wrong_implementations_break_the_bounds(wrong):
         got = attention_reference(q, k, v_wrong, config)
     with pytest.raises(AssertionError):
         assert_within_bounds(*got, *ref, bounds)
+
+
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_fp8_bounds_hold_between_two_roundings_of_the_fp8_reference(mode):
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, n, 2, 64, generator=gen).to(torch.float8_e4m3fn) for n in (200, 300, 300))
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    out32, lse32 = attention_reference(q, k, v, config, causal=True)
+    out64, lse64 = attention_reference(q, k, v, config, causal=True, compute_dtype=torch.float64)
+    out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, True)
+    assert ((out32.float() - out64.float()).abs().amax(-1, keepdim=True) <= out_bound).all()
+    finite = torch.isfinite(lse64)
+    assert ((lse32 - lse64).abs()[finite] <= lse_bound[finite]).all()

@@ -91,6 +91,7 @@ from typing import Sequence
 import torch
 
 from fa4_rowmax.config import FP8_MAX_OFFSET
+from fa4_rowmax.gates.tolerances import FP8_ACCUMULATOR_BITS
 from fa4_rowmax.gates.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
 
 H15_ENVELOPE = (-0.25, math.log2(1.5) - 0.25)  # log2(H(y)) - y, octaves
@@ -98,7 +99,6 @@ H15_RATIO_BOUND = math.log2(1.5)  # |log2(P_kernel / P_exact)|: two envelope ext
 SINGLE_TILE = 128  # the paper's tile: causal 128x128, 8,256 valid elements
 FP32_UNIT_ROUNDOFF = 2.0**-24
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 MMA accumulator (Note [FP8 inputs in the gates])
 
 Where = tuple[int, int, int, int]  # (batch, head_q, row, col)
 

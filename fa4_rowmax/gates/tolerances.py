@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 
 UNIT_ROUNDOFF_FP32 = 2.0**-24
 # (step ratio r, log2 up, log2 down) of each lattice mode: Note [Kernel vs reference: lattice flips].
@@ -174,3 +174,92 @@ def assert_within_bounds(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Te
     excess = out_err - bounds.out.to(out.device)
     assert (excess <= 0).all(), (
         f"output off by up to {float(out_err.max()):.3g}; the worst row exceeds its bound by {float(excess.max()):.3g}")
+
+
+# Note [FP8 kernel vs reference bounds]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# As Note [Kernel vs reference: lattice flips] above, with FP8's own roundings:
+# - The score GEMM runs on e4m3 products (exact) summed in Hopper's FP8 accumulator, which keeps about 14
+#   significant bits (DeepSeek-V3 report, section 3.3.2; FA3's two-level accumulation exists for it). So y's
+#   error per row is delta = 2 scale_log2 2^-13 max_j sum_i |q_i k_ij| + 8 ulp32(|y|).
+# - A weight is a step function of y: rowmax_h15 steps at y = 0.25 mod 0.5 (ratio 1.5), and the e4m3 rounding
+#   of exact's exp2(y) steps at the midpoints between e4m3 values (ratio 1 + 2^-3 for normals). An element
+#   within delta of a step (`fragile`) may round the other way: out moves by at most (r - 1) 2^env pi_j 2 max|v|,
+#   the LSE by (r - 1) 2^env pi_j (pi the exact fp64 softmax, env = log2 of the weight's envelope: H15
+#   log2(1.5), exact 2^-4 for the e4m3 rounding). Between steps exact's out moves smoothly: ln2 delta (2 max|v|);
+#   the LSE holds the anchor m * scale_log2 itself, so it moves by ln2 delta in both modes.
+# - Hopper's FP8 wgmma adds the 32 products of a k-block and the accumulator input aligned to the largest of
+#   them, keeping about 14 bits, truncated: each of the 33 terms loses up to 2^-13 of the running magnitude,
+#   at most the row's final sum. So a sum over L_k keys (P V, and with row_sum="mma" the row sum itself) is off
+#   by at most A = ceil(L_k / 32) 33 2^-13 of the row sum (a worst case; measured errors are far smaller): out
+#   moves by A max|v|, and with the MMA row sum also the normaliser, by A (out: A max|v|, LSE: A). The MMA row
+#   sum adds the e4m3 P where the reference adds the fp32 weights (exact mode): up to 2^-4 more, relative.
+#   Both sides round out to BF16.
+FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma accumulator keeps about 14 significant bits, truncated
+
+
+def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=None, row_sum_by_mma=False):
+    """Per-row bounds (out: (B, Lq, Hq, 1), lse: (B, Hq, Lq)) of the SM90 FP8 forward against
+    `attention_reference` with FP8 inputs (Note [FP8 kernel vs reference bounds])."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_k
+    scale_log2 = head_dim**-0.5 * math.log2(math.e)
+    qf = q.double().transpose(1, 2)
+    kf = k.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(group, dim=1)
+    qk_scale = torch.ones(batch, heads_q, 1, 1, dtype=torch.float64, device=q.device)
+    v_scale = torch.ones_like(qk_scale)
+    if descales is not None:
+        dq, dk, dv = (d.double().repeat_interleave(group, dim=1)[..., None, None] for d in descales)
+        qk_scale, v_scale = dq * dk, dv
+    x = (qf @ kf.transpose(-1, -2)) * scale_log2 * qk_scale
+    abs_dot = (qf.abs() @ kf.abs().transpose(-1, -2)) * scale_log2 * qk_scale
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if causal:
+        visible = torch.tril(visible, diagonal=seqlen_k - seqlen_q)
+    x = x.masked_fill(~visible, -math.inf)
+    has_key = visible.any(-1)
+    tile_n = config.tile_n
+    anchor = torch.full_like(x, -math.inf)
+    running = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    for t in range(-(-seqlen_k // tile_n) - 1, -1, -1):
+        cols = slice(t * tile_n, min((t + 1) * tile_n, seqlen_k))
+        running = torch.maximum(running, x[..., cols].amax(-1))
+        rounded = torch.round(running * 2) / 2 if config.anchor_rounding == "half_octave" else running
+        anchor[..., cols] = rounded[..., None]
+    y = x - anchor + FP8_MAX_OFFSET
+    finite = torch.isfinite(y)
+    magnitude = (x.abs() + anchor.abs()).where(finite, 0.0).amax(-1)
+    delta = 2 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS) * abs_dot.where(visible, 0.0).amax(-1) + 8 * 2.0**-24 * magnitude
+    if config.mode == "rowmax_h15":
+        ratio, envelope = 1.5, math.log2(1.5)
+        distance = ((y - 0.25) / 0.5 - torch.round((y - 0.25) / 0.5)).abs() * 0.5
+        # The flush: H15's normal range ends at y = -6.25 (n = -12.5 between bytes 8 and 4).
+        distance = torch.minimum(distance, (y + 6.25).abs())
+    else:
+        ratio, envelope = 1.0 + 2.0**-3, 2.0**-4
+        p = torch.exp2(y.where(finite, -math.inf))
+        exponent = torch.floor(torch.log2(p.clamp(min=2.0**-6)))
+        ulp = torch.exp2(exponent - 3)
+        midpoint_gap = ((p / ulp - 0.5) - torch.round(p / ulp - 0.5)).abs() * ulp
+        distance = midpoint_gap / p.clamp(min=2.0**-60) / math.log(2.0)  # in log2 units of y
+    fragile = (distance <= delta[..., None]) & finite
+    pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)
+    fragile_mass = (pi * fragile).sum(-1)
+    v_max = (vf.abs() * v_scale).amax(dim=(-1, -2))[..., None]
+    o_ref = pi @ (vf * v_scale)
+    k_blocks = -(-seqlen_k // 32)
+    accumulation = min(1.0, k_blocks * 33 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS))
+    mma_sum = accumulation + (2.0**-4 if config.mode == "exact" else 0.0) if row_sum_by_mma else 0.0
+    flips = (ratio - 1) * 2**envelope * fragile_mass
+    smooth = math.log(2.0) * delta if config.mode == "exact" else 0.0 * delta
+    out_bound = (flips + smooth) * 2 * v_max + accumulation * v_max + 2 * 2.0**-8 * o_ref.abs().amax(-1)
+    out_bound = out_bound + mma_sum * v_max
+    # The LSE also carries the anchor itself (m * scale_log2 from the score GEMM): ln2 delta in every mode.
+    lse_bound = flips + math.log(2.0) * delta + (math.log1p(mma_sum) if row_sum_by_mma else 2.0**-20)
+    lse_ref = torch.logsumexp(x * math.log(2.0), dim=-1)
+    lse_bound = lse_bound + 4 * 2.0**-24 * lse_ref.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    out_bound = torch.minimum(out_bound, 2 * v_max).where(has_key, 0.0)
+    lse_bound = lse_bound.where(has_key, 0.0)
+    return out_bound.transpose(1, 2)[..., None].float(), lse_bound.float()
