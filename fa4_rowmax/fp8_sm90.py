@@ -279,40 +279,16 @@ def fp8_backend(softmax_mode: str = "rowmax_h15", **levers):
     return backend
 
 
-# FA4 `_flash_attn_fwd` arguments this path serves only at their stock value (ValueError otherwise).
-FA4_STOCK_FEATURES = {
-    "qv": None,
-    "cu_seqlens_q": None,
-    "cu_seqlens_k": None,
-    "seqused_q": None,
-    "seqused_k": None,
-    "page_table": None,
-    "softcap": None,
-    "window_size_left": None,
-    "window_size_right": None,
-    "learnable_sink": None,
-    "num_splits": 1,
-    "score_mod": None,
-    "mask_mod": None,
-    "block_sparse_tensors": None,
-    "aux_tensors": None,
-    "gather_kv_indices": None,
-}
 
 
 def fa4_sm90_fp8_forward(q, k, v, *, softmax_scale, causal, softmax_stage, q_descale=None, k_descale=None,
                          v_descale=None, out=None, lse=None, features: dict | None = None):
     """Routing entry for FA4's `_flash_attn_fwd` on SM90 with FP8 inputs; returns its 5-tuple (out, lse, None,
     None, None). `softmax_stage` is `fa4_rowmax.interface.SoftmaxStage` or None (exact); `features` maps FA4
-    argument names to their values, each refused unless stock (FA4_STOCK_FEATURES)."""
-    for name, value in (features or {}).items():
-        if name not in FA4_STOCK_FEATURES:
-            raise TypeError(f"fa4_sm90_fp8_forward: unknown FA4 feature {name!r}; known: {sorted(FA4_STOCK_FEATURES)}")
-        stock = FA4_STOCK_FEATURES[name]
-        if value is stock or (stock is not None and value == stock):
-            continue
-        raise ValueError(f"{name} is not supported by the SM90 FP8 forward (fa4_rowmax.fp8_sm90); "
-                         f"accepted: {name}={stock!r}")
+    argument names to their values, each refused unless stock (interface.FEATURE_STOCK_VALUES)."""
+    from fa4_rowmax.interface import refuse_untested_features
+
+    refuse_untested_features(features or {}, where="by the SM90 FP8 forward (fa4_rowmax.fp8_sm90)", accepted="")
     knobs = {}
     mode = "exact"
     if softmax_stage is not None:

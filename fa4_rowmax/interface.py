@@ -58,21 +58,26 @@ FEATURE_STOCK_VALUES = {
 FEATURES_TESTED: tuple[str, ...] = ()
 
 
-def check_features(mode: str, features: dict) -> None:
-    """Raise ValueError for a feature of `features` (FA4 argument -> value) not in `FEATURES_TESTED` that is
-    set to anything but its stock value (Note [Features allowed with a softmax stage])."""
+def refuse_untested_features(features: dict, *, where: str, accepted: str, tested: tuple[str, ...] = ()) -> None:
+    """Raise ValueError for a feature of `features` (FA4 argument -> value) not in `tested` that is set to
+    anything but its stock value (Note [Features allowed with a softmax stage]); `where` names the path
+    ("with softmax_mode='rowmax_h15' and its knobs"), `accepted` what the user can do instead."""
     unknown = sorted(set(features) - set(FEATURE_STOCK_VALUES))
     if unknown:
-        raise TypeError(f"check_features: unknown FA4 features {unknown}; known: {sorted(FEATURE_STOCK_VALUES)}")
+        raise TypeError(f"unknown FA4 features {unknown}; known: {sorted(FEATURE_STOCK_VALUES)}")
     for name, value in features.items():
         stock = FEATURE_STOCK_VALUES[name]
-        if name in FEATURES_TESTED or value is stock or (stock is not None and value == stock):
+        if name in tested or value is stock or (stock is not None and value == stock):
             continue
-        raise ValueError(
-            f"{name} is not supported with softmax_mode={mode!r} and its knobs (no GPU test covers it yet); "
-            f"accepted with a softmax stage: {name}={stock!r}, or softmax_mode='exact' with rescale_threshold=None "
-            "and beta=None (stock FA4, every feature)"
-        )
+        raise ValueError(f"{name} is not supported {where} (no GPU test covers it yet); accepted: {name}={stock!r}"
+                         f"{accepted}")
+
+
+def check_features(mode: str, features: dict) -> None:
+    """The features a softmax stage refuses (Note [Features allowed with a softmax stage])."""
+    refuse_untested_features(
+        features, where=f"with softmax_mode={mode!r} and its knobs", tested=FEATURES_TESTED,
+        accepted=", or softmax_mode='exact' with rescale_threshold=None and beta=None (stock FA4, every feature)")
 
 
 def _log2_dtype_max(q_dtype: torch.dtype) -> float:

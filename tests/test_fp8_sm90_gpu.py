@@ -379,3 +379,13 @@ def test_mma_row_sum_is_refused_beyond_the_tested_length():
     kv = torch.zeros(1, MMA_ROW_SUM_MAX_KEYS + 1, 2, 128, dtype=E4M3)
     with pytest.raises(ValueError, match=r"row_sum='mma' is accepted for seqlen_k <= 2048"):
         flash_attn_fp8_sm90(q, kv, kv, row_sum="mma")
+
+
+@pytest.mark.parametrize("name, value", [("window_size_left", 64), ("cu_seqlens_q", torch.zeros(2, dtype=torch.int32)),
+                                         ("num_splits", 4), ("learnable_sink", torch.zeros(2))])
+def test_the_fa4_route_refuses_untested_features(name, value):
+    from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
+
+    q = torch.zeros(1, 64, 2, 128, dtype=E4M3)
+    with pytest.raises(ValueError, match=rf"^{name} is not supported by the SM90 FP8 forward"):
+        fa4_sm90_fp8_forward(q, q, q, softmax_scale=None, causal=False, softmax_stage=None, features={name: value})
