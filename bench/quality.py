@@ -435,18 +435,21 @@ class Run:
     reference_input_dtype: torch.dtype | None = None  # bf16: the simulator sees what a BF16 kernel sees
 
 
-def plan_runs(modes: list[str], compare_kernels: bool) -> list[Run]:
-    if not compare_kernels:
+def plan_runs(modes: list[str], compare_kernels: bool, kernels_only: bool = False) -> list[Run]:
+    """Reference runs; with `compare_kernels` a kernel run and its bf16-fed simulator twin per mode; with
+    `kernels_only` the kernel run alone (the long kernel table: the simulator twin costs most of the time)."""
+    if not (compare_kernels or kernels_only):
         return [Run(mode, mode, "reference") for mode in modes]
     runs = []
     for mode in modes:
         if MODES[mode].kernel is None:
             raise ValueError(
-                f"--compare-kernels: mode {mode!r} has no GPU kernel; modes with kernels: "
-                f"{[m for m, s in MODES.items() if s.kernel]}"
+                f"--{'compare-kernels' if compare_kernels else 'kernels-only'}: mode {mode!r} has no GPU kernel; "
+                f"modes with kernels: {[m for m, s in MODES.items() if s.kernel]}"
             )
         runs.append(Run(f"kernel_{mode}", mode, "kernel"))
-        runs.append(Run(f"sim_bf16in_{mode}", mode, "reference", torch.bfloat16))
+        if compare_kernels:
+            runs.append(Run(f"sim_bf16in_{mode}", mode, "reference", torch.bfloat16))
     return runs
 
 
@@ -463,7 +466,8 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
         hf.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend, table=MODES)
     state = hf.attach(model)
     per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
-    kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel"}
+    names = {r.name for r in runs}
+    kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel" and f"sim_bf16in_{r.mode}" in names}
     blocks_done = 0
     baseline_seconds = 0.0
     for b, block in enumerate(blocks):
@@ -628,6 +632,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--compare-kernels", action="store_true",
                         help="run each mode's GPU kernel and the simulator on the same blocks (needs --device cuda)")
+    parser.add_argument("--kernels-only", action="store_true",
+                        help="run each mode through its GPU kernel only, no simulator twin (needs --device cuda)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for quality_<tag>.json/.md")
     parser.add_argument("--tag", help="results name (default: quick, full or kernels)")
     parser.add_argument("--model", choices=sorted(models.MODELS), default=models.DEFAULT_MODEL,
@@ -652,6 +658,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.compare_kernels and args.device != "cuda":
         parser.error("--compare-kernels needs --device cuda")
+    if args.kernels_only and (args.device != "cuda" or args.compare_kernels):
+        parser.error("--kernels-only needs --device cuda and excludes --compare-kernels")
     if args.export and args.from_cache:
         parser.error("--export and --from-cache exclude each other")
     for pair in args.pairs:
@@ -661,7 +669,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.blocks = args.blocks or (3 if args.quick else 64)
     args.block_size = args.block_size or (512 if args.quick else 2048)
     if args.modes is None:
-        if args.compare_kernels:
+        if args.compare_kernels or args.kernels_only:
             args.modes = [m for m, s in MODES.items() if s.kernel]
         else:
             args.modes = list(QUICK_MODES if args.quick else FULL_MODES)
@@ -675,7 +683,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--time-budget-s must be positive")
     if not args.tag:
         args.tag = ("baps_restarts" if args.baps_restart_study else "kernels" if args.compare_kernels
-                    else "quick" if args.quick else "full")
+                    else "kernels_only" if args.kernels_only else "quick" if args.quick else "full")
         # Non-default model or text: their names lead, so no run overwrites the SmolLM2 / python-doc results.
         prefix = "_".join(x for x, default in ((args.model, models.DEFAULT_MODEL), (args.text, DEFAULT_TEXT))
                           if x != default)
@@ -740,7 +748,7 @@ def main(argv=None) -> dict | None:
                              torch=torch.__version__)
         _write_results(args.out, args.tag, study, baps_restart_markdown(study))
         return study
-    runs = plan_runs(args.modes, args.compare_kernels)
+    runs = plan_runs(args.modes, args.compare_kernels, args.kernels_only)
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
     report = run_study(workload, blocks, runs, args.time_budget_s)
     blocks_done = report.pop("blocks_done")

@@ -240,3 +240,41 @@ def test_command_line_model_and_text():
         quality.parse_args(["--model", "qwen2.5-72b"])
     with pytest.raises(SystemExit):
         quality.parse_args(["--time-budget-s", "0"])
+
+
+def test_kernels_only_plans_no_simulator_twin():
+    runs = quality.plan_runs(["rowmax_h15_t0", "fused_mxfp8"], compare_kernels=False, kernels_only=True)
+    assert [(r.name, r.backend) for r in runs] == [("kernel_rowmax_h15_t0", "kernel"), ("kernel_fused_mxfp8", "kernel")]
+    with pytest.raises(ValueError, match="kernels-only"):
+        quality.plan_runs(["baps_l1"], compare_kernels=False, kernels_only=True)
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--kernels-only"])  # needs --device cuda
+    args = quality.parse_args(["--device", "cuda", "--kernels-only", "--model", "qwen2.5-0.5b", "--text", "austen"])
+    assert args.tag == "qwen25-05b_austen_kernels_only" and "rowmax_h15_t0" in args.modes
+
+
+def test_run_study_with_kernel_runs_only(monkeypatch):
+    """The kernel-only plan runs through run_study without a simulator twin (GPU kernels faked)."""
+    import types
+
+    tally = types.SimpleNamespace(totals={"tiles": 4, "rescales": 1, "rescales_skipped": 0}, maxima={},
+                                  reset=lambda: None)
+    monkeypatch.setattr(quality.hf, "register", lambda *a, **k: None)
+    monkeypatch.setattr(quality.hf, "attach", lambda model: types.SimpleNamespace(tally=tally))
+    calls = []
+
+    def fake_score(model, block, attention):
+        calls.append(attention)
+        logits = torch.zeros(block.numel() - 1, 5)
+        logits[:, 0] = 1.0 if attention == quality.BASELINE else 0.9
+        lp = torch.log_softmax(logits, -1)
+        return quality.BlockScores(lp, -lp[:, 0].double(), lp.argmax(-1))
+
+    monkeypatch.setattr(quality, "score_block", fake_score)
+    workload = quality.Workload(torch.nn.Linear(1, 1), torch.arange(64), {})
+    runs = quality.plan_runs(["rowmax_h15_t0"], compare_kernels=False, kernels_only=True)
+    report = quality.run_study(workload, torch.arange(48).view(3, 16), runs, log=lambda *_: None)
+    assert report["blocks_done"] == 3 and report["kernel_vs_simulator"] == {}
+    run = report["runs"]["kernel_rowmax_h15_t0"]
+    assert run["backend"] == "kernel" and run["delta_nll"] > 0 and run["seconds_per_block"] is not None
+    assert len(calls) == 6 and report["baseline_seconds"] >= 0
