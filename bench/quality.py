@@ -724,6 +724,7 @@ def _write_results(out: Path, tag: str, data: dict, markdown: str) -> None:
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     started = time.perf_counter()
+    git_commit = _git_commit()  # at the start: the code that runs, not what a later commit made of it
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
@@ -781,7 +782,7 @@ def main(argv=None) -> dict | None:
         threads=torch.get_num_threads(),
         baseline_seconds_per_block=baseline_seconds / blocks_done if blocks_done else None,
         note=args.note,
-        git_commit=_git_commit(),
+        git_commit=git_commit,
         command="python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:]),
         wall_seconds=time.perf_counter() - started,
     )
