@@ -492,7 +492,7 @@ def test_quick_run_writes_results(tmp_path):
 # ---- FP8 (issue 11): preset, peers, tolerance derivation -----------------------------------------------------
 
 def test_fp8_plan_covers_head_dims_seqlens_masks_and_gqa_with_the_goal_shapes_first():
-    from bench.kernels import FP8_KERNELS, FP8_LEVER_KERNELS, FP8_MAP_KERNELS
+    from bench.kernels import FP8_KERNELS, FP8_LEVER_KERNELS, FP8_LEVERS, FP8_MAP_KERNELS
     from bench.sweep import FP8_SEQLENS
 
     plan = build_plan(quick=False, fp8=True)
@@ -508,7 +508,7 @@ def test_fp8_plan_covers_head_dims_seqlens_masks_and_gqa_with_the_goal_shapes_fi
     with_map = [g.shape for g in plan if set(FP8_MAP_KERNELS) <= set(g.kernels)]
     assert [(s.seqlen, s.causal, s.head_dim, s.is_gqa) for s in with_map] == [(8192, True, 128, False)]
     with_levers = [g.shape for g in plan if set(FP8_LEVER_KERNELS) & set(g.kernels)]
-    assert with_levers == with_map and len(FP8_LEVER_KERNELS) == 4
+    assert with_levers == with_map and FP8_LEVER_KERNELS == tuple(FP8_LEVERS)
     assert len(build_plan(quick=False, fp8=True, seqlens=[8192])) == 8
     with pytest.raises(ValueError, match="two presets"):
         build_plan(quick=True, fp8=True)

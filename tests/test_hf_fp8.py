@@ -90,7 +90,7 @@ def _sm90_fp8_kernel_runs() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(not _sm90_fp8_kernel_runs(), reason="the FP8 kernel is an SM90 kernel")
+@pytest.mark.skipif(not _sm90_fp8_kernel_runs(), reason="needs a CUDA GPU with SM90 (the FP8 kernel is an SM90 kernel)")
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_kernel_matches_its_simulator_in_a_model(mode):
     # Same e4m3 bytes on both sides (the simulator gets the BF16-rounded inputs the kernel casts); what remains is
