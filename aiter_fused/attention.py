@@ -29,13 +29,13 @@ from typing import Optional
 
 import torch
 
+from aiter_fused.launch import launch_for
 from fa4_rowmax.reference.fused_softmax import (
     check_mx_format,
     check_recovery_threshold,
     operand_element_format,
     p_element_format,
 )
-from aiter_fused.launch import launch_for
 from fa4_rowmax.reference.mx import ELEMENT_FORMATS
 
 __all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "DOT_MODES", "HEAD_DIMS", "TILE_SIZES"]
@@ -63,12 +63,15 @@ def _check_tensors(q, k, v, rank: int, layout: str):
         raise ValueError("q, k, v must be on a GPU, or on the CPU with TRITON_INTERPRET=1 (Triton's interpreter)")
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        raise ValueError(f"head_dim of q, k and v must be equal and one of {HEAD_DIMS}; got "
-                         f"{q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+        raise ValueError(
+            f"head_dim of q, k and v must be equal and one of {HEAD_DIMS}; got "
+            f"{q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}"
+        )
     heads_q, heads_k = q.shape[-2], k.shape[-2]
     if v.shape[-2] != heads_k or heads_k == 0 or heads_q % heads_k:
-        raise ValueError(f"heads of q ({heads_q}) must be a multiple of the heads of k and v "
-                         f"({heads_k}, {v.shape[-2]}, equal)")
+        raise ValueError(
+            f"heads of q ({heads_q}) must be a multiple of the heads of k and v ({heads_k}, {v.shape[-2]}, equal)"
+        )
 
 
 def _default_dot_mode(arch: str) -> str:
@@ -93,8 +96,22 @@ def _check_dot_mode(dot_mode) -> None:
         raise ValueError(f"dot_mode must be None (by architecture) or one of {DOT_MODES}; got {dot_mode!r}")
 
 
-def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale, mx_format, exact,
-            recovery_threshold, tile_n, dot_mode, return_recoveries):
+def _launch(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    causal,
+    softmax_scale,
+    mx_format,
+    exact,
+    recovery_threshold,
+    tile_n,
+    dot_mode,
+    return_recoveries,
+):
     """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
     import triton
     import triton.language as tl
@@ -107,7 +124,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     if not isinstance(causal, bool) or not isinstance(exact, bool):
         raise TypeError("causal and exact must be bool")
     head_dim = q.shape[-1]
-    softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+    softmax_scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a finite positive number; got {softmax_scale}")
     _check_dot_mode(dot_mode)
@@ -136,8 +153,9 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
         packed = operand_format == "e2m1"
         q_scale, q_in = quantize_head_dim(q, fmt, pack_e2m1=packed)
         k_scale, k_in = quantize_head_dim(k, fmt, pack_e2m1=packed)
-        v_in, v_scale, cu_blocks = quantize_keys(v, fmt, cu_seqlens_k, keys_contiguous=dot_mode == "fp8",
-                                                 pack_e2m1=packed)
+        v_in, v_scale, cu_blocks = quantize_keys(
+            v, fmt, cu_seqlens_k, keys_contiguous=dot_mode == "fp8", pack_e2m1=packed
+        )
     p_spec = ELEMENT_FORMATS[p_element_format(mx_format)]
     p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
 
@@ -146,28 +164,71 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_s
     if q.shape[0] == 0:
         return out, lse, recoveries
     _fused_softmax_attn_fwd[grid](
-        q_in, k_in, v_in, q_scale, k_scale, v_scale, out, lse, recoveries,
-        cu_seqlens_q, cu_seqlens_k, cu_blocks,
-        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1), v_in.stride(2),
-        q_scale.stride(0), q_scale.stride(1), k_scale.stride(0), k_scale.stride(1),
-        v_scale.stride(0), v_scale.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        softmax_scale * math.log2(math.e), recovery_threshold,
-        GROUP=heads_q // heads_k, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tile_n,
-        CAUSAL=causal, EXACT=exact, DOT_MODE=dot_mode, OPERAND_FORMAT=operand_format,
+        q_in,
+        k_in,
+        v_in,
+        q_scale,
+        k_scale,
+        v_scale,
+        out,
+        lse,
+        recoveries,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        cu_blocks,
+        q_in.stride(0),
+        q_in.stride(1),
+        k_in.stride(0),
+        k_in.stride(1),
+        v_in.stride(0),
+        v_in.stride(1),
+        v_in.stride(2),
+        q_scale.stride(0),
+        q_scale.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        v_scale.stride(0),
+        v_scale.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        softmax_scale * math.log2(math.e),
+        recovery_threshold,
+        GROUP=heads_q // heads_k,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=tile_n,
+        CAUSAL=causal,
+        EXACT=exact,
+        DOT_MODE=dot_mode,
+        OPERAND_FORMAT=operand_format,
         RETURN_RECOVERIES=return_recoveries,
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
-        P_MANTISSA=p_spec.mantissa_bits, P_MIN_EXPONENT=p_spec.min_normal_exponent, P_MAX_NORMAL=p_spec.max_normal,
-        P_MAX_MANTISSA_BITS=p_max_bits & 0x7FFFFF, P_MAX_EXPONENT=((p_max_bits >> 23) & 0xFF) - 127,
+        P_MANTISSA=p_spec.mantissa_bits,
+        P_MIN_EXPONENT=p_spec.min_normal_exponent,
+        P_MAX_NORMAL=p_spec.max_normal,
+        P_MAX_MANTISSA_BITS=p_max_bits & 0x7FFFFF,
+        P_MAX_EXPONENT=((p_max_bits >> 23) & 0xFF) - 127,
         **launch.options(arch),
     )
     return out, lse, recoveries
 
 
-def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
-                            mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
-                            return_lse: bool = True, tile_n: Optional[int] = None, dot_mode: Optional[str] = None,
-                            return_recoveries: bool = False):
+def fused_softmax_attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    mx_format: str = "mxfp8",
+    exact: bool = False,
+    recovery_threshold: float = 8.0,
+    return_lse: bool = True,
+    tile_n: Optional[int] = None,
+    dot_mode: Optional[str] = None,
+    return_recoveries: bool = False,
+):
     """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
     heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
     masks aligned bottom-right. Returns ``(out, lse)`` (lse float32 (batch, heads_q, seqlen_q), natural
@@ -180,14 +241,28 @@ def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Opt
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
     if k.shape[0] != batch or v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"k and v must have shape (batch={batch}, seqlen_k, heads_k, head_dim) alike; got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have shape (batch={batch}, seqlen_k, heads_k, head_dim) alike; got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
     cu_k = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_k
     out, lse, recoveries = _launch(
-        q.reshape(batch * seqlen_q, heads_q, head_dim), k.reshape(batch * seqlen_k, -1, head_dim),
-        v.reshape(batch * seqlen_k, -1, head_dim), cu_q, cu_k, seqlen_q, causal, softmax_scale, mx_format, exact,
-        recovery_threshold, tile_n, dot_mode, return_recoveries)
+        q.reshape(batch * seqlen_q, heads_q, head_dim),
+        k.reshape(batch * seqlen_k, -1, head_dim),
+        v.reshape(batch * seqlen_k, -1, head_dim),
+        cu_q,
+        cu_k,
+        seqlen_q,
+        causal,
+        softmax_scale,
+        mx_format,
+        exact,
+        recovery_threshold,
+        tile_n,
+        dot_mode,
+        return_recoveries,
+    )
     out = out.reshape(batch, seqlen_q, heads_q, head_dim)
     lse = lse.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
     result = (out, lse) if return_lse else (out,)
@@ -196,11 +271,26 @@ def fused_softmax_attention(q, k, v, *, causal: bool = False, softmax_scale: Opt
     return result if len(result) > 1 else result[0]
 
 
-def fused_softmax_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                                   causal: bool = False, softmax_scale: Optional[float] = None,
-                                   mx_format: str = "mxfp8", exact: bool = False, recovery_threshold: float = 8.0,
-                                   return_lse: bool = True, tile_n: Optional[int] = None, dot_mode: Optional[str] = None,
-                                   return_recoveries: bool = False, validate: bool = True):
+def fused_softmax_attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    mx_format: str = "mxfp8",
+    exact: bool = False,
+    recovery_threshold: float = 8.0,
+    return_lse: bool = True,
+    tile_n: Optional[int] = None,
+    dot_mode: Optional[str] = None,
+    return_recoveries: bool = False,
+    validate: bool = True,
+):
     """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
     (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries
     like lse with ``return_recoveries=True``). ``max_seqlen_k`` is accepted for FlashAttention's
@@ -227,8 +317,22 @@ def fused_softmax_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seql
             raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is below the longest query sequence ({longest_q})")
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"k and v must have the same number of tokens; got {k.shape[0]} and {v.shape[0]}")
-    out, lse, recoveries = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), causal, softmax_scale,
-                                   mx_format, exact, recovery_threshold, tile_n, dot_mode, return_recoveries)
+    out, lse, recoveries = _launch(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        int(max_seqlen_q),
+        causal,
+        softmax_scale,
+        mx_format,
+        exact,
+        recovery_threshold,
+        tile_n,
+        dot_mode,
+        return_recoveries,
+    )
     result = (out, lse) if return_lse else (out,)
     if return_recoveries:
         result += (recoveries,)

@@ -45,8 +45,14 @@ WAVE_SIZE = 64
 # The A/B operand format fields (cbsz / blgp) of gfx950's f8f6f4 MFMAs; absent means 0.
 F8F6F4_FORMATS = {0: "fp8_e4m3", 1: "bf8_e5m2", 2: "fp6_e2m3", 3: "bf6_e3m2", 4: "fp4_e2m1"}
 # The element formats of the other MFMAs, read off their names.
-NAMED_FORMATS = (("_bf16", "bf16"), ("_f16", "f16"), ("_fp8_fp8", "fp8_e4m3"), ("_bf8_bf8", "bf8_e5m2"),
-                 ("_xf32", "xf32"), ("_f32", "f32"))
+NAMED_FORMATS = (
+    ("_bf16", "bf16"),
+    ("_f16", "f16"),
+    ("_fp8_fp8", "fp8_e4m3"),
+    ("_bf8_bf8", "bf8_e5m2"),
+    ("_xf32", "xf32"),
+    ("_f32", "f32"),
+)
 VGPRS_PER_SIMD_LANE = 512  # gfx90a and later: one unified file of 512 VGPRs + AGPRs a lane
 
 
@@ -67,7 +73,9 @@ class Config:
         if self.kernel != "attention":
             return f"{self.kernel}/{self.mx_format}/hd{self.head_dim}" + ("/packed" if self.pack_e2m1 else "")
         mode = self.dot_mode or "exact"
-        return f"attention/{mode}/{self.mx_format}/hd{self.head_dim}/{'causal' if self.causal else 'dense'}/n{self.tile_n}"
+        return (
+            f"attention/{mode}/{self.mx_format}/hd{self.head_dim}/{'causal' if self.causal else 'dense'}/n{self.tile_n}"
+        )
 
 
 def configs(arch: str, matrix: str = "full") -> list[Config]:
@@ -88,26 +96,47 @@ def configs(arch: str, matrix: str = "full") -> list[Config]:
             result.append(Config("attention", mx_format, head_dim, dot_mode, causal, tile_n))
         result.append(Config("attention", "mxfp8", head_dim, None, causal, tile_n))
     packed = (False, True) if "scaled" in LAUNCHES[arch].dot_modes else (False,)
-    for kernel, mx_format, head_dim, pack_e2m1 in itertools.product(("quantize_head_dim", "quantize_keys"), MX_FORMATS,
-                                                                    head_dims, packed):
+    for kernel, mx_format, head_dim, pack_e2m1 in itertools.product(
+        ("quantize_head_dim", "quantize_keys"), MX_FORMATS, head_dims, packed
+    ):
         if not pack_e2m1 or operand_element_format(mx_format) == "e2m1":
             result.append(Config(kernel, mx_format, head_dim, pack_e2m1=pack_e2m1))
     return result
 
 
-_ATTENTION_POINTERS = dict(Q_scale="*u8", K_scale="*u8", V_scale="*u8", Out="*bf16", Lse="*fp32", Recoveries="*i32",
-                           cu_seqlens_q="*i32", cu_seqlens_k="*i32", cu_blocks_k="*i32")
+_ATTENTION_POINTERS = dict(
+    Q_scale="*u8",
+    K_scale="*u8",
+    V_scale="*u8",
+    Out="*bf16",
+    Lse="*fp32",
+    Recoveries="*i32",
+    cu_seqlens_q="*i32",
+    cu_seqlens_k="*i32",
+    cu_blocks_k="*i32",
+)
 
 
 def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]:
     if config.kernel == "attention":
         p = _format_constants(p_element_format(config.mx_format))
         constants = dict(
-            GROUP=1, HEAD_DIM=config.head_dim, BLOCK_M=launch.block_m, BLOCK_N=config.tile_n, CAUSAL=config.causal,
-            EXACT=config.dot_mode is None, DOT_MODE=config.dot_mode or "bf16", DOT_DTYPE=tl.bfloat16,
+            GROUP=1,
+            HEAD_DIM=config.head_dim,
+            BLOCK_M=launch.block_m,
+            BLOCK_N=config.tile_n,
+            CAUSAL=config.causal,
+            EXACT=config.dot_mode is None,
+            DOT_MODE=config.dot_mode or "bf16",
+            DOT_DTYPE=tl.bfloat16,
             OPERAND_FORMAT=_operand_format(config.mx_format, config.dot_mode is None, config.dot_mode or "bf16"),
-            RETURN_RECOVERIES=False, P_MANTISSA=p["MANTISSA"], P_MIN_EXPONENT=p["MIN_EXPONENT"],
-            P_MAX_NORMAL=p["MAX_NORMAL"], P_MAX_MANTISSA_BITS=p["MAX_MANTISSA_BITS"], P_MAX_EXPONENT=p["MAX_EXPONENT"])
+            RETURN_RECOVERIES=False,
+            P_MANTISSA=p["MANTISSA"],
+            P_MIN_EXPONENT=p["MIN_EXPONENT"],
+            P_MAX_NORMAL=p["MAX_NORMAL"],
+            P_MAX_MANTISSA_BITS=p["MAX_MANTISSA_BITS"],
+            P_MAX_EXPONENT=p["MAX_EXPONENT"],
+        )
         operand = {"e2m1": "*u8"}.get(constants["OPERAND_FORMAT"], "*bf16" if config.dot_mode is None else "*fp8e4nv")
         pointers = dict(_ATTENTION_POINTERS, Q=operand, K=operand, V=operand)
         kernel, floats = _fused_softmax_attn_fwd, ("scale_log2", "recovery_threshold")
@@ -118,11 +147,15 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
             kernel, pointers = _quantize_head_dim_kernel, dict(X="*i16", Elements="*u8", Scale="*u8")
             constants["BLOCK_T"] = 16
         else:
-            kernel, pointers = _quantize_keys_kernel, dict(V="*i16", Elements="*u8", Scale="*u8", cu_seqlens="*i32",
-                                                           cu_blocks="*i32", seq_of_block="*i32")
+            kernel, pointers = (
+                _quantize_keys_kernel,
+                dict(V="*i16", Elements="*u8", Scale="*u8", cu_seqlens="*i32", cu_blocks="*i32", seq_of_block="*i32"),
+            )
         floats = ()
-    signature = {name: pointers.get(name, "constexpr" if name in constants else "fp32" if name in floats else "i32")
-                 for name in kernel.arg_names}
+    signature = {
+        name: pointers.get(name, "constexpr" if name in constants else "fp32" if name in floats else "i32")
+        for name in kernel.arg_names
+    }
     return ASTSource(kernel, signature, constants), launch.options(arch)
 
 
@@ -147,7 +180,7 @@ def _main_loop(lines: list[str]) -> list[str]:
             continue
         branch = re.match(r"^\s+s_(?:cbranch_\w+|branch)\s+(\.LBB\w+)", line)
         if branch and branch.group(1) in labels:
-            body = lines[labels[branch.group(1)]:index + 1]
+            body = lines[labels[branch.group(1)] : index + 1]
             if sum("v_mfma" in item for item in body) > sum("v_mfma" in item for item in best):
                 best = body
     return best
@@ -155,6 +188,7 @@ def _main_loop(lines: list[str]) -> list[str]:
 
 def read_amdgcn(asm: str) -> dict:
     """What the audit records from one AMDGCN listing (see the module docstring)."""
+
     def metadata(key):
         found = re.search(rf"^\s+(?:- )?\.{key}:\s+(\d+)", asm, re.M)
         return int(found.group(1)) if found else None
@@ -170,8 +204,10 @@ def read_amdgcn(asm: str) -> dict:
     vgprs = metadata("vgpr_count")
     granule = 8
     return {
-        "mfma": [{"instruction": name, "a_format": a, "b_format": b, "count": count}
-                 for (name, a, b), count in sorted(mfma.items())],
+        "mfma": [
+            {"instruction": name, "a_format": a, "b_format": b, "count": count}
+            for (name, a, b), count in sorted(mfma.items())
+        ],
         "vgpr_count": vgprs,
         "agpr_count": metadata("agpr_count"),
         "sgpr_count": metadata("sgpr_count"),
@@ -201,8 +237,7 @@ def dot_replication(ttgir: str) -> list[dict]:
         warps, instr = layouts[layout]
         rows, cols = int(rows), int(cols)
         factor = max(1, warps[0] * instr[0] // rows) * max(1, warps[1] * instr[1] // cols)
-        result.append({"result": [rows, cols], "warps_per_cta": warps, "instr_shape": instr[:2],
-                       "replication": factor})
+        result.append({"result": [rows, cols], "warps_per_cta": warps, "instr_shape": instr[:2], "replication": factor})
     return result
 
 
@@ -235,8 +270,13 @@ def audit(arch: str, matrix: str = "full", log=None) -> dict:
         records.append(compile_one(config, arch))
         if log:
             log(_summary(records[-1]))
-    return {"arch": arch, "matrix": matrix, "triton": triton.__version__, "launch": dataclasses.asdict(LAUNCHES[arch]),
-            "configs": records}
+    return {
+        "arch": arch,
+        "matrix": matrix,
+        "triton": triton.__version__,
+        "launch": dataclasses.asdict(LAUNCHES[arch]),
+        "configs": records,
+    }
 
 
 def _summary(record: dict) -> str:
@@ -244,8 +284,10 @@ def _summary(record: dict) -> str:
         return f"{record['name']}: {record['error']}"
     mfma = ", ".join(f"{m['instruction']}[{m['a_format']}x{m['b_format']}]x{m['count']}" for m in record["mfma"])
     loop = record["main_loop"]
-    return (f"{record['name']}: vgpr {record['vgpr_count']} agpr {record['agpr_count']} spill {record['vgpr_spill_count']} "
-            f"lds {record['lds_bytes']} loop valu {loop['valu']} mfma {loop['mfma']} | {mfma}")
+    return (
+        f"{record['name']}: vgpr {record['vgpr_count']} agpr {record['agpr_count']} spill {record['vgpr_spill_count']} "
+        f"lds {record['lds_bytes']} loop valu {loop['valu']} mfma {loop['mfma']} | {mfma}"
+    )
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,13 @@ def _fused_kernel(spec: ModeSpec):
     def call(module, q, k, v, causal, scale):
         mx_format = spec.config(module.layer_idx, module.config.num_hidden_layers).mx_format
         out, recoveries = fused_softmax_attention(
-            q, k, v, causal=causal, softmax_scale=scale, mx_format=mx_format, return_lse=False,
+            q,
+            k,
+            v,
+            causal=causal,
+            softmax_scale=scale,
+            mx_format=mx_format,
+            return_lse=False,
             return_recoveries=True,
         )
         return out, {"recoveries": int(recoveries.sum())}
@@ -51,14 +57,24 @@ def _fused_kernel(spec: ModeSpec):
 
 def _mode_table() -> dict[str, ModeSpec]:
     specs = [
-        ModeSpec(f"fused_{fmt}", f"Fused-Softmax, {fmt.upper()} operands", {"mode": "fused_softmax", "mx_format": fmt},
-                 "aiter_fused", kernel_factory=_fused_kernel)
+        ModeSpec(
+            f"fused_{fmt}",
+            f"Fused-Softmax, {fmt.upper()} operands",
+            {"mode": "fused_softmax", "mx_format": fmt},
+            "aiter_fused",
+            kernel_factory=_fused_kernel,
+        )
         for fmt in FORMATS
     ]
     specs.append(
-        ModeSpec("fused_hybrid",
-                 f"Fused-Softmax, MXFP6 in the first and last {HYBRID_EDGE_LAYERS} layers, MXFP4 between",
-                 {"mode": "fused_softmax"}, "aiter_fused", layer_fields=_hybrid_fields, kernel_factory=_fused_kernel)
+        ModeSpec(
+            "fused_hybrid",
+            f"Fused-Softmax, MXFP6 in the first and last {HYBRID_EDGE_LAYERS} layers, MXFP4 between",
+            {"mode": "fused_softmax"},
+            "aiter_fused",
+            layer_fields=_hybrid_fields,
+            kernel_factory=_fused_kernel,
+        )
     )
     return {s.name: s for s in specs}
 

@@ -151,8 +151,9 @@ def _rceil_exponent(amax, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.cons
 def _round_to_element(v, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr):
     """Round fp32 v to the element grid, ties to even, saturating; NaN stays NaN (a plain GPU min/max
     would return the bound and hide a NaN score). See Note [Kernel rounding vs the reference]."""
-    v = tl.minimum(tl.maximum(v, -MAX_NORMAL, propagate_nan=tl.PropagateNan.ALL), MAX_NORMAL,
-                   propagate_nan=tl.PropagateNan.ALL)
+    v = tl.minimum(
+        tl.maximum(v, -MAX_NORMAL, propagate_nan=tl.PropagateNan.ALL), MAX_NORMAL, propagate_nan=tl.PropagateNan.ALL
+    )
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     exponent = tl.maximum(exponent, MIN_EXPONENT)
     t = v * _pow2(MANTISSA - exponent)
@@ -161,9 +162,16 @@ def _round_to_element(v, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX
 
 
 @triton.jit
-def _quantize_p(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MANTISSA: tl.constexpr,
-                MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_MANTISSA_BITS: tl.constexpr,
-                MAX_EXPONENT: tl.constexpr):
+def _quantize_p(
+    p,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MANTISSA: tl.constexpr,
+    MIN_EXPONENT: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_MANTISSA_BITS: tl.constexpr,
+    MAX_EXPONENT: tl.constexpr,
+):
     """MX-quantize P (fp32, >= 0) in blocks of 32 keys. Returns (elements, scale exponents [M, N/32])."""
     blocks = tl.reshape(p, (BLOCK_M, BLOCK_N // 32, 32))
     exponent = _rceil_exponent(tl.max(blocks, axis=2), MAX_MANTISSA_BITS, MAX_EXPONENT)
@@ -173,8 +181,14 @@ def _quantize_p(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MANTISSA: tl.co
 
 
 @triton.jit
-def _quantize_p_block(p, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                      MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr):
+def _quantize_p_block(
+    p,
+    MANTISSA: tl.constexpr,
+    MIN_EXPONENT: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_MANTISSA_BITS: tl.constexpr,
+    MAX_EXPONENT: tl.constexpr,
+):
     """``_quantize_p`` for one MX block of P ([M, 32]). Returns (elements, scale exponents [M])."""
     exponent = _rceil_exponent(tl.max(p, axis=1), MAX_MANTISSA_BITS, MAX_EXPONENT)
     elements = _round_to_element(p * _pow2(-exponent)[:, None], MANTISSA, MIN_EXPONENT, MAX_NORMAL)
@@ -231,17 +245,51 @@ def _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAU
 
 @triton.jit
 def _fused_softmax_attn_fwd(
-    Q, K, V, Q_scale, K_scale, V_scale, Out, Lse, Recoveries,
-    cu_seqlens_q, cu_seqlens_k, cu_blocks_k,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd,
-    stride_qst, stride_qsh, stride_kst, stride_ksh, stride_vsb, stride_vsh,
-    stride_ot, stride_oh, stride_lh,
-    scale_log2, recovery_threshold,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EXACT: tl.constexpr, DOT_MODE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    OPERAND_FORMAT: tl.constexpr, RETURN_RECOVERIES: tl.constexpr,
-    P_MANTISSA: tl.constexpr, P_MIN_EXPONENT: tl.constexpr, P_MAX_NORMAL: tl.constexpr,
-    P_MAX_MANTISSA_BITS: tl.constexpr, P_MAX_EXPONENT: tl.constexpr,
+    Q,
+    K,
+    V,
+    Q_scale,
+    K_scale,
+    V_scale,
+    Out,
+    Lse,
+    Recoveries,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    cu_blocks_k,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_qst,
+    stride_qsh,
+    stride_kst,
+    stride_ksh,
+    stride_vsb,
+    stride_vsh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
+    scale_log2,
+    recovery_threshold,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EXACT: tl.constexpr,
+    DOT_MODE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    OPERAND_FORMAT: tl.constexpr,
+    RETURN_RECOVERIES: tl.constexpr,
+    P_MANTISSA: tl.constexpr,
+    P_MIN_EXPONENT: tl.constexpr,
+    P_MAX_NORMAL: tl.constexpr,
+    P_MAX_MANTISSA_BITS: tl.constexpr,
+    P_MAX_EXPONENT: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one sequence and one query head. Varlen layout throughout
     (dense inputs arrive flattened); V is addressed through three strides (token, head, head_dim) so
@@ -277,8 +325,7 @@ def _fused_softmax_attn_fwd(
         q_chunks = ()
         q_factors = ()
         for c in tl.static_range(HEAD_DIM // 32):
-            q_chunks = q_chunks + (tl.load(q_row_ptrs + (32 * c + offs_b)[None, :], mask=row_ok[:, None],
-                                           other=0.0),)
+            q_chunks = q_chunks + (tl.load(q_row_ptrs + (32 * c + offs_b)[None, :], mask=row_ok[:, None], other=0.0),)
             q_factors = q_factors + (_scale_byte_factor(tl.load(q_scale_ptrs + c, mask=row_ok, other=127)),)
     elif DOT_MODE == "scaled":
         if OPERAND_FORMAT == "e2m1":
@@ -307,12 +354,17 @@ def _fused_softmax_attn_fwd(
         if EXACT:
             keys = n_start + offs_n
             k_rows = (k_start + keys).to(tl.int64)
-            k = tl.load(k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=(keys < seqlen_k)[None, :],
-                        other=0.0)
-            v = tl.load(v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                        mask=(keys < seqlen_k)[:, None], other=0.0)
-            x = _visible_scores(tl.dot(q, k.to(DOT_DTYPE)), scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k,
-                                CAUSAL)
+            k = tl.load(
+                k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=(keys < seqlen_k)[None, :], other=0.0
+            )
+            v = tl.load(
+                v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                mask=(keys < seqlen_k)[:, None],
+                other=0.0,
+            )
+            x = _visible_scores(
+                tl.dot(q, k.to(DOT_DTYPE)), scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL
+            )
             m_new = tl.maximum(m, tl.max(x, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m - m_safe)
@@ -331,10 +383,14 @@ def _fused_softmax_attn_fwd(
                 k_rows = (k_start + keys).to(tl.int64)
                 s = tl.zeros((BLOCK_M, 32), tl.float32)
                 for c in tl.static_range(HEAD_DIM // 32):
-                    k_chunk = tl.load(k_head + k_rows[None, :] * stride_kt + (32 * c + offs_b)[:, None],
-                                      mask=key_ok[None, :], other=0.0)  # [32 head-dim lanes, 32 keys]
-                    k_factor = _scale_byte_factor(tl.load(K_scale + k_rows * stride_kst + head_k * stride_ksh + c,
-                                                          mask=key_ok, other=127))
+                    k_chunk = tl.load(
+                        k_head + k_rows[None, :] * stride_kt + (32 * c + offs_b)[:, None],
+                        mask=key_ok[None, :],
+                        other=0.0,
+                    )  # [32 head-dim lanes, 32 keys]
+                    k_factor = _scale_byte_factor(
+                        tl.load(K_scale + k_rows * stride_kst + head_k * stride_ksh + c, mask=key_ok, other=127)
+                    )
                     s += (q_factors[c][:, None] * k_factor[None, :]) * tl.dot(q_chunks[c], k_chunk)
                 x = _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL)
                 tile_max = tl.maximum(tile_max, tl.max(x, axis=1))
@@ -343,18 +399,27 @@ def _fused_softmax_attn_fwd(
             # Note [Two-stage P and the row sum], one MX block of P per sub-tile. The row sum adds the
             # block's elements and then scales (exact: at most 32 * 448 in steps of 2**-9).
             for b in tl.static_range(BLOCK_N // 32):
-                p_elements, p_exponent = _quantize_p_block(_schraudolph_p(x_blocks[b], m), P_MANTISSA,
-                                                           P_MIN_EXPONENT, P_MAX_NORMAL, P_MAX_MANTISSA_BITS,
-                                                           P_MAX_EXPONENT)
+                p_elements, p_exponent = _quantize_p_block(
+                    _schraudolph_p(x_blocks[b], m),
+                    P_MANTISSA,
+                    P_MIN_EXPONENT,
+                    P_MAX_NORMAL,
+                    P_MAX_MANTISSA_BITS,
+                    P_MAX_EXPONENT,
+                )
                 p_factor = _e8m0_factor(p_exponent)
                 row_sum += tl.sum(p_elements, axis=1) * p_factor
                 keys = n_start + 32 * b + offs_b
-                v_chunk = tl.load(v_head + (k_start + keys).to(tl.int64)[:, None] * stride_vt
-                                  + offs_d[None, :] * stride_vd, mask=(keys < seqlen_k)[:, None], other=0.0)
+                v_chunk = tl.load(
+                    v_head + (k_start + keys).to(tl.int64)[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                    mask=(keys < seqlen_k)[:, None],
+                    other=0.0,
+                )
                 v_block = v_block0 + (n_start + 32 * b) // 32
                 block_ok = tl.full((HEAD_DIM,), n_start + 32 * b, tl.int32) < seqlen_k
-                v_factor = _scale_byte_factor(tl.load(v_scale_head + v_block.to(tl.int64) * stride_vsb + offs_d,
-                                                      mask=block_ok, other=127))
+                v_factor = _scale_byte_factor(
+                    tl.load(v_scale_head + v_block.to(tl.int64) * stride_vsb + offs_d, mask=block_ok, other=127)
+                )
                 acc += (p_factor[:, None] * v_factor[None, :]) * tl.dot(p_elements.to(tl.float8e4nv), v_chunk)
         else:
             keys = n_start + offs_n
@@ -362,43 +427,72 @@ def _fused_softmax_attn_fwd(
             k_rows = (k_start + keys).to(tl.int64)
             if OPERAND_FORMAT == "e2m1":  # head_dim pairs and key pairs in one byte (Note [Packed e2m1])
                 pairs = tl.arange(0, BLOCK_N // 2)
-                k = tl.load(k_head + k_rows[None, :] * stride_kt + tl.arange(0, HEAD_DIM // 2)[:, None],
-                            mask=key_ok[None, :], other=0)  # [HEAD_DIM / 2, BLOCK_N]
+                k = tl.load(
+                    k_head + k_rows[None, :] * stride_kt + tl.arange(0, HEAD_DIM // 2)[:, None],
+                    mask=key_ok[None, :],
+                    other=0,
+                )  # [HEAD_DIM / 2, BLOCK_N]
                 v_rows = (v_block0 * 16 + n_start // 2 + pairs).to(tl.int64)  # by block: 16 rows a block
-                v = tl.load(v_head + v_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                            mask=(n_start + 2 * pairs < seqlen_k)[:, None], other=0)  # [BLOCK_N / 2, HEAD_DIM]
+                v = tl.load(
+                    v_head + v_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                    mask=(n_start + 2 * pairs < seqlen_k)[:, None],
+                    other=0,
+                )  # [BLOCK_N / 2, HEAD_DIM]
             else:
-                k = tl.load(k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :],
-                            other=0.0)  # [HEAD_DIM, BLOCK_N]
-                v = tl.load(v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                            mask=key_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+                k = tl.load(
+                    k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :], other=0.0
+                )  # [HEAD_DIM, BLOCK_N]
+                v = tl.load(
+                    v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=key_ok[:, None], other=0.0
+                )  # [BLOCK_N, HEAD_DIM]
             if DOT_MODE == "scaled":
-                k_scale = tl.load(K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
-                                  mask=key_ok[:, None], other=127)
+                k_scale = tl.load(
+                    K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
+                    mask=key_ok[:, None],
+                    other=127,
+                )
                 s = tl.dot_scaled(q, q_scale, OPERAND_FORMAT, k, k_scale, OPERAND_FORMAT)
             else:
-                k_scale = tl.load(K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh
-                                  + (offs_d // 32)[:, None], mask=key_ok[None, :], other=127)
+                k_scale = tl.load(
+                    K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh + (offs_d // 32)[:, None],
+                    mask=key_ok[None, :],
+                    other=127,
+                )
                 s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
             x = _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL)
-            m, acc, row_sum, recoveries = _frozen_max_step(m, tl.max(x, axis=1), acc, row_sum, recoveries,
-                                                           recovery_threshold)
+            m, acc, row_sum, recoveries = _frozen_max_step(
+                m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
+            )
             # Note [Two-stage P and the row sum]
-            p_elements, p_exponent = _quantize_p(_schraudolph_p(x, m), BLOCK_M, BLOCK_N, P_MANTISSA, P_MIN_EXPONENT,
-                                                 P_MAX_NORMAL, P_MAX_MANTISSA_BITS, P_MAX_EXPONENT)
+            p_elements, p_exponent = _quantize_p(
+                _schraudolph_p(x, m),
+                BLOCK_M,
+                BLOCK_N,
+                P_MANTISSA,
+                P_MIN_EXPONENT,
+                P_MAX_NORMAL,
+                P_MAX_MANTISSA_BITS,
+                P_MAX_EXPONENT,
+            )
             p_values = _dequantize_p(p_elements, p_exponent, BLOCK_M, BLOCK_N)
             row_sum += tl.sum(p_values, axis=1)
             if DOT_MODE == "scaled":
                 block_keys = n_start + 32 * tl.arange(0, BLOCK_N // 32)
                 v_blocks = v_block0 + block_keys // 32
-                v_scale = tl.load(v_scale_head + v_blocks[None, :].to(tl.int64) * stride_vsb + offs_d[:, None],
-                                  mask=(block_keys < seqlen_k)[None, :], other=127)
+                v_scale = tl.load(
+                    v_scale_head + v_blocks[None, :].to(tl.int64) * stride_vsb + offs_d[:, None],
+                    mask=(block_keys < seqlen_k)[None, :],
+                    other=127,
+                )
                 p_scale = (p_exponent + 127).to(tl.uint8)
                 acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
             else:
                 v_blocks = v_block0 + keys // 32
-                v_scale = tl.load(v_scale_head + v_blocks[:, None].to(tl.int64) * stride_vsb + offs_d[None, :],
-                                  mask=key_ok[:, None], other=127)
+                v_scale = tl.load(
+                    v_scale_head + v_blocks[:, None].to(tl.int64) * stride_vsb + offs_d[None, :],
+                    mask=key_ok[:, None],
+                    other=127,
+                )
                 v_values = _dequantize(v, v_scale).to(tl.bfloat16).to(DOT_DTYPE)
                 acc = tl.dot(p_values.to(tl.bfloat16).to(DOT_DTYPE), v_values, acc)
 
@@ -406,8 +500,11 @@ def _fused_softmax_attn_fwd(
     out = acc / tl.where(empty, 1.0, row_sum)[:, None]
     out = tl.where(empty[:, None], 0.0, out)
     lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, row_sum))) * 0.6931471805599453)
-    tl.store(Out + q_rows[:, None] * stride_ot + head_q * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(
+        Out + q_rows[:, None] * stride_ot + head_q * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
     tl.store(Lse + head_q * stride_lh + q_rows, lse, mask=row_ok)
     if RETURN_RECOVERIES:
         tl.store(Recoveries + head_q * stride_lh + q_rows, recoveries, mask=row_ok)

@@ -104,8 +104,19 @@ def fwd_varlen(
 
 @fwd_varlen.register_fake
 def _fwd_varlen_fake(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, mx_format,
-    exact, recovery_threshold=None, validate=True,
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    mx_format,
+    exact,
+    recovery_threshold=None,
+    validate=True,
 ):
     layout = "(total_tokens, heads, head_dim)"
     for name, tensor in (("q", q), ("k", k), ("v", v)):

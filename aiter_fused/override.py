@@ -92,8 +92,21 @@ _PUBLIC_ROUTES = {"flash_attn_func": "FlashAttnFunc", "flash_attn_varlen_func": 
 
 # Note [AITER forward arguments]
 _USED_ARGUMENTS = frozenset(
-    {"q", "k", "v", "softmax_scale", "causal", "window_size_left", "window_size_right", "return_lse",
-     "out", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"}
+    {
+        "q",
+        "k",
+        "v",
+        "softmax_scale",
+        "causal",
+        "window_size_left",
+        "window_size_right",
+        "return_lse",
+        "out",
+        "cu_seqlens_q",
+        "cu_seqlens_k",
+        "max_seqlen_q",
+        "max_seqlen_k",
+    }
 )
 _NEUTRAL_ARGUMENTS = {
     "dropout_p": 0.0,
@@ -323,8 +336,14 @@ def _run_fused(arguments: dict, varlen: bool):
     )
     if varlen:
         out, lse = ops.fwd_varlen(
-            q, k, v, arguments["cu_seqlens_q"], arguments["cu_seqlens_k"], arguments["max_seqlen_q"],
-            arguments["max_seqlen_k"], **options,
+            q,
+            k,
+            v,
+            arguments["cu_seqlens_q"],
+            arguments["cu_seqlens_k"],
+            arguments["max_seqlen_q"],
+            arguments["max_seqlen_k"],
+            **options,
             # AITER's own kernels trust the caller's cu_seqlens; reading them back would sync the GPU.
             validate=False,
         )
@@ -369,8 +388,10 @@ def bypass_reasons(mha) -> list[str]:
     the hook]); empty when nothing is known to bypass them."""
     reasons = []
     if os.environ.get(CK_ENV, "").strip() == "0":
-        reasons.append(f"{CK_ENV}=0: AITER routes flash_attn_func / flash_attn_varlen_func to its Triton kernels "
-                       "before the hooked forward")
+        reasons.append(
+            f"{CK_ENV}=0: AITER routes flash_attn_func / flash_attn_varlen_func to its Triton kernels "
+            "before the hooked forward"
+        )
     for public, function_class in _PUBLIC_ROUTES.items():
         function = getattr(mha, public, None)
         try:
@@ -406,7 +427,10 @@ def install() -> bool:
             if unknown:
                 logger.warning(
                     "aiter.ops.mha.%s takes argument(s) %s unknown to aiter_fused: its calls fall through "
-                    "to AITER until Note [AITER forward arguments] in %s classifies them", name, unknown, __name__,
+                    "to AITER until Note [AITER forward arguments] in %s classifies them",
+                    name,
+                    unknown,
+                    __name__,
                 )
             _originals[name] = original
             setattr(mha, name, _make_hook(original, varlen))
@@ -414,7 +438,8 @@ def install() -> bool:
             logger.warning("the AITER override is installed, but calls may bypass it: %s", reason)
     logger.info(
         "AITER override installed: aiter.ops.mha.%s use the Fused-Softmax kernel when supported (format %s)",
-        " and ".join(_HOOKED_GLOBALS), current_format(),
+        " and ".join(_HOOKED_GLOBALS),
+        current_format(),
     )
     return True
 

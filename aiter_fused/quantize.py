@@ -80,9 +80,16 @@ def _e2m1_codes(elements):
 
 
 @triton.jit
-def _quantize_block(x, AXIS: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr,
-                    MAX_NORMAL: tl.constexpr, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr,
-                    E2M1_CODES: tl.constexpr):
+def _quantize_block(
+    x,
+    AXIS: tl.constexpr,
+    MANTISSA: tl.constexpr,
+    MIN_EXPONENT: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_MANTISSA_BITS: tl.constexpr,
+    MAX_EXPONENT: tl.constexpr,
+    E2M1_CODES: tl.constexpr,
+):
     """MX-quantize fp32 ``x`` in blocks along ``AXIS`` (the block is that whole axis). Returns (the
     elements as e4m3 bytes (uint8), NaN in poisoned blocks, or with ``E2M1_CODES`` as e2m1 codes (int32,
     Note [Packed e2m1]); biased scale bytes as int32, 255 for poisoned blocks). Note [Bit-exact to mx.py]."""
@@ -106,40 +113,79 @@ def _quantize_block(x, AXIS: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXPONENT:
 
 
 @triton.jit
-def _quantize_head_dim_kernel(X, Elements, Scale, tokens,
-                              stride_xt, stride_xh, stride_xd, stride_et, stride_eh, stride_st, stride_sh,
-                              HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
-                              MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                              MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr, PACK_E2M1: tl.constexpr):
+def _quantize_head_dim_kernel(
+    X,
+    Elements,
+    Scale,
+    tokens,
+    stride_xt,
+    stride_xh,
+    stride_xd,
+    stride_et,
+    stride_eh,
+    stride_st,
+    stride_sh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    MANTISSA: tl.constexpr,
+    MIN_EXPONENT: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_MANTISSA_BITS: tl.constexpr,
+    MAX_EXPONENT: tl.constexpr,
+    PACK_E2M1: tl.constexpr,
+):
     """One program: BLOCK_T tokens of one head, every MX block of their head_dim."""
     head = tl.program_id(1)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = (offs_t < tokens)[:, None]
     rows = offs_t.to(tl.int64)[:, None]
-    x = _bf16_bits_to_fp32(tl.load(X + rows * stride_xt + head * stride_xh + offs_d[None, :] * stride_xd, mask=ok,
-                                   other=0))
+    x = _bf16_bits_to_fp32(
+        tl.load(X + rows * stride_xt + head * stride_xh + offs_d[None, :] * stride_xd, mask=ok, other=0)
+    )
     blocks = tl.reshape(x, (BLOCK_T, HEAD_DIM // 32, 32))
-    elements, scale = _quantize_block(blocks, 2, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS,
-                                      MAX_EXPONENT, PACK_E2M1)
+    elements, scale = _quantize_block(
+        blocks, 2, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT, PACK_E2M1
+    )
     if PACK_E2M1:  # Note [Packed e2m1]: head_dim pairs in one byte
         low, high = tl.split(tl.reshape(elements, (BLOCK_T, HEAD_DIM // 2, 2)))
-        tl.store(Elements + rows * stride_et + head * stride_eh + tl.arange(0, HEAD_DIM // 2)[None, :],
-                 (low | (high << 4)).to(tl.uint8), mask=ok)
+        tl.store(
+            Elements + rows * stride_et + head * stride_eh + tl.arange(0, HEAD_DIM // 2)[None, :],
+            (low | (high << 4)).to(tl.uint8),
+            mask=ok,
+        )
     else:
         elements = tl.reshape(elements, (BLOCK_T, HEAD_DIM))
-        tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :],
-                 elements.to(tl.uint8), mask=ok)
+        tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :], elements.to(tl.uint8), mask=ok)
     offs_s = tl.arange(0, HEAD_DIM // 32)
     tl.store(Scale + rows * stride_st + head * stride_sh + offs_s[None, :], scale.to(tl.uint8), mask=ok)
 
 
 @triton.jit
-def _quantize_keys_kernel(V, Elements, Scale, cu_seqlens, cu_blocks, seq_of_block, batch,
-                          stride_vt, stride_vh, stride_vd, stride_et, stride_eh, stride_ed, stride_sb, stride_sh,
-                          HEAD_DIM: tl.constexpr,
-                          MANTISSA: tl.constexpr, MIN_EXPONENT: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                          MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr, PACK_E2M1: tl.constexpr):
+def _quantize_keys_kernel(
+    V,
+    Elements,
+    Scale,
+    cu_seqlens,
+    cu_blocks,
+    seq_of_block,
+    batch,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_et,
+    stride_eh,
+    stride_ed,
+    stride_sb,
+    stride_sh,
+    HEAD_DIM: tl.constexpr,
+    MANTISSA: tl.constexpr,
+    MIN_EXPONENT: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_MANTISSA_BITS: tl.constexpr,
+    MAX_EXPONENT: tl.constexpr,
+    PACK_E2M1: tl.constexpr,
+):
     """One program: one MX block (32 keys of one sequence) of one head, every head_dim lane. Blocks past
     the last sequence's (the grid is a bound, see ``quantize_keys``) return at once."""
     block = tl.program_id(0)
@@ -152,19 +198,24 @@ def _quantize_keys_kernel(V, Elements, Scale, cu_seqlens, cu_blocks, seq_of_bloc
     offs_d = tl.arange(0, HEAD_DIM)
     ok = (keys < key_end)[:, None]
     rows = keys.to(tl.int64)[:, None]
-    x = _bf16_bits_to_fp32(tl.load(V + rows * stride_vt + head * stride_vh + offs_d[None, :] * stride_vd, mask=ok,
-                                   other=0))
-    elements, scale = _quantize_block(x, 0, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT,
-                                      PACK_E2M1)
+    x = _bf16_bits_to_fp32(
+        tl.load(V + rows * stride_vt + head * stride_vh + offs_d[None, :] * stride_vd, mask=ok, other=0)
+    )
+    elements, scale = _quantize_block(
+        x, 0, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT, PACK_E2M1
+    )
     if PACK_E2M1:  # Note [Packed e2m1]: key pairs of the block in one byte, the whole block (padding: 0)
         pairs = tl.permute(tl.reshape(elements, (16, 2, HEAD_DIM)), (0, 2, 1))
         low, high = tl.split(pairs)
         packed_rows = (block * 16 + tl.arange(0, 16)).to(tl.int64)[:, None]
-        tl.store(Elements + packed_rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
-                 (low | (high << 4)).to(tl.uint8))
+        tl.store(
+            Elements + packed_rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
+            (low | (high << 4)).to(tl.uint8),
+        )
     else:
-        tl.store(Elements + rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed,
-                 elements.to(tl.uint8), mask=ok)
+        tl.store(
+            Elements + rows * stride_et + head * stride_eh + offs_d[None, :] * stride_ed, elements.to(tl.uint8), mask=ok
+        )
     tl.store(Scale + block.to(tl.int64) * stride_sb + head * stride_sh + offs_d, scale.to(tl.uint8))
 
 
@@ -172,8 +223,11 @@ def check_fits_e4m3(fmt: str) -> None:
     """Every element of ``fmt`` must be an e4m3 value: the container the kernels store (and the FP8
     dots' operand type). True for e4m3, e2m3 and e2m1; checked so that a new format cannot slip through."""
     spec, e4m3 = element_format(fmt), ELEMENT_FORMATS["e4m3"]
-    if (spec.mantissa_bits > e4m3.mantissa_bits or spec.max_normal > e4m3.max_normal
-            or spec.min_normal_exponent - spec.mantissa_bits < e4m3.min_normal_exponent - e4m3.mantissa_bits):
+    if (
+        spec.mantissa_bits > e4m3.mantissa_bits
+        or spec.max_normal > e4m3.max_normal
+        or spec.min_normal_exponent - spec.mantissa_bits < e4m3.min_normal_exponent - e4m3.mantissa_bits
+    ):
         raise ValueError(f"element format {fmt} does not fit the kernels' e4m3 container")
 
 
@@ -181,8 +235,13 @@ def _format_constants(fmt: str) -> dict:
     check_fits_e4m3(fmt)
     spec = element_format(fmt)
     max_bits = torch.tensor(spec.max_normal, dtype=torch.float32).view(torch.int32).item()
-    return dict(MANTISSA=spec.mantissa_bits, MIN_EXPONENT=spec.min_normal_exponent, MAX_NORMAL=spec.max_normal,
-                MAX_MANTISSA_BITS=max_bits & 0x7FFFFF, MAX_EXPONENT=((max_bits >> 23) & 0xFF) - 127)
+    return dict(
+        MANTISSA=spec.mantissa_bits,
+        MIN_EXPONENT=spec.min_normal_exponent,
+        MAX_NORMAL=spec.max_normal,
+        MAX_MANTISSA_BITS=max_bits & 0x7FFFFF,
+        MAX_EXPONENT=((max_bits >> 23) & 0xFF) - 127,
+    )
 
 
 def _check_operand(name: str, x) -> None:
@@ -191,8 +250,10 @@ def _check_operand(name: str, x) -> None:
     if x.dtype != torch.bfloat16:
         raise TypeError(f"{name} must be bfloat16; got {x.dtype}")
     if x.dim() != 3 or x.shape[-1] % MX_BLOCK or x.shape[-1] & (x.shape[-1] - 1):
-        raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim) with head_dim a power of two and a "
-                         f"multiple of {MX_BLOCK}; got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be 3-D (tokens, heads, head_dim) with head_dim a power of two and a "
+            f"multiple of {MX_BLOCK}; got shape {tuple(x.shape)}"
+        )
 
 
 def _check_pack(fmt: str, pack_e2m1) -> None:
@@ -219,15 +280,27 @@ def quantize_head_dim(x: torch.Tensor, fmt: str, pack_e2m1: bool = False):
     block_t = 16
     if tokens and heads:
         _quantize_head_dim_kernel[(triton.cdiv(tokens, block_t), heads)](
-            x.view(torch.int16), elements.view(torch.uint8), scale, tokens, *x.stride(), elements.stride(0),
+            x.view(torch.int16),
+            elements.view(torch.uint8),
+            scale,
+            tokens,
+            *x.stride(),
+            elements.stride(0),
             elements.stride(1),
-            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, BLOCK_T=block_t, **constants, PACK_E2M1=pack_e2m1,
-            num_warps=4)
+            scale.stride(0),
+            scale.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_T=block_t,
+            **constants,
+            PACK_E2M1=pack_e2m1,
+            num_warps=4,
+        )
     return scale, elements
 
 
-def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_contiguous: bool = False,
-                  pack_e2m1: bool = False):
+def quantize_keys(
+    v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_contiguous: bool = False, pack_e2m1: bool = False
+):
     """MX-quantize ``v`` (total_k, heads_k, head_dim), BF16, in blocks of 32 keys that restart at every
     sequence of ``cu_seqlens_k`` (int32, batch + 1, on v's device, assumed well formed).
 
@@ -264,7 +337,20 @@ def quantize_keys(v: torch.Tensor, fmt: str, cu_seqlens_k: torch.Tensor, keys_co
     scale = torch.empty(num_blocks, heads_k, head_dim, dtype=torch.uint8, device=v.device)
     if num_blocks and heads_k:
         _quantize_keys_kernel[(num_blocks, heads_k)](
-            v.view(torch.int16), elements.view(torch.uint8), scale, cu_seqlens_k, cu_blocks, seq_of_block, batch,
-            *v.stride(), *elements.stride(),
-            scale.stride(0), scale.stride(1), HEAD_DIM=head_dim, **constants, PACK_E2M1=pack_e2m1, num_warps=4)
+            v.view(torch.int16),
+            elements.view(torch.uint8),
+            scale,
+            cu_seqlens_k,
+            cu_blocks,
+            seq_of_block,
+            batch,
+            *v.stride(),
+            *elements.stride(),
+            scale.stride(0),
+            scale.stride(1),
+            HEAD_DIM=head_dim,
+            **constants,
+            PACK_E2M1=pack_e2m1,
+            num_warps=4,
+        )
     return elements, scale, cu_blocks

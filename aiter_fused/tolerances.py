@@ -40,8 +40,11 @@ def lse_stats(lse: torch.Tensor, ref_lse: torch.Tensor) -> dict[str, float]:
     diff = (lse[finite] - ref_lse[finite]).abs().double()
     if not diff.numel():
         return {"lse_max_diff": 0.0, "lse_p99_diff": 0.0, "lse_median_diff": 0.0}
-    return {"lse_max_diff": diff.max().item(), "lse_p99_diff": diff.quantile(0.99).item(),
-            "lse_median_diff": diff.median().item()}
+    return {
+        "lse_max_diff": diff.max().item(),
+        "lse_p99_diff": diff.quantile(0.99).item(),
+        "lse_median_diff": diff.median().item(),
+    }
 
 
 def lse_ok(dot_mode: str, mx_format: str, stats: dict[str, float], fp32_sums: bool = False) -> bool:
@@ -50,5 +53,8 @@ def lse_ok(dot_mode: str, mx_format: str, stats: dict[str, float], fp32_sums: bo
     Hopper's FP8 accumulator holds; Note [FP8 LSE tolerance] for MXFP8 through Hopper's FP8 MMA."""
     if dot_mode != "fp8" or mx_format != "mxfp8" or fp32_sums:
         return stats["lse_max_diff"] < LSE_TOL
-    return (stats["lse_max_diff"] < FP8_LSE_MAX_TOL and stats["lse_p99_diff"] < FP8_LSE_P99_TOL
-            and stats["lse_median_diff"] < FP8_LSE_MEDIAN_TOL)
+    return (
+        stats["lse_max_diff"] < FP8_LSE_MAX_TOL
+        and stats["lse_p99_diff"] < FP8_LSE_P99_TOL
+        and stats["lse_median_diff"] < FP8_LSE_MEDIAN_TOL
+    )

@@ -40,11 +40,18 @@ class AiterFusedImpl(AiterFlashAttentionImpl):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if override.install():
-            logger.info("aiter_fused: attention backend %s selected: prefill/extend attention uses the "
-                        "Fused-Softmax kernel (%s); decode stays on AITER", BACKEND_NAME, override.current_format())
+            logger.info(
+                "aiter_fused: attention backend %s selected: prefill/extend attention uses the "
+                "Fused-Softmax kernel (%s); decode stays on AITER",
+                BACKEND_NAME,
+                override.current_format(),
+            )
         else:
-            logger.warning("aiter_fused: attention backend %s selected but %s=1: it runs as ROCM_AITER_FA",
-                           BACKEND_NAME, override.DISABLE_ENV)
+            logger.warning(
+                "aiter_fused: attention backend %s selected but %s=1: it runs as ROCM_AITER_FA",
+                BACKEND_NAME,
+                override.DISABLE_ENV,
+            )
 
 
 class AiterFusedBackend(AiterFlashAttentionBackend):

@@ -47,7 +47,11 @@ def register() -> None:
     if not enabled:
         logger.info(
             "aiter_fused: %s is not set to 1, AITER is left untouched (opt in with %s=1 and %s=<mxfp8|mxfp6|mxfp4>, "
-            "or select the attention backend %s)", ENABLE_ENV, ENABLE_ENV, override.FORMAT_ENV, BACKEND_NAME,
+            "or select the attention backend %s)",
+            ENABLE_ENV,
+            ENABLE_ENV,
+            override.FORMAT_ENV,
+            BACKEND_NAME,
         )
         return
     if not os.environ.get(override.FORMAT_ENV, "").strip() and not override.env_flag(override.EXACT_ENV):
@@ -58,8 +62,9 @@ def register() -> None:
     if importlib.util.find_spec("aiter") is None:
         raise RuntimeError(f"environment variable {ENABLE_ENV}=1, but the amd-aiter package is not installed")
     if override.install():
-        logger.info("aiter_fused: %s=1: AITER override installed in this process (%s)", ENABLE_ENV,
-                    override.current_format())
+        logger.info(
+            "aiter_fused: %s=1: AITER override installed in this process (%s)", ENABLE_ENV, override.current_format()
+        )
 
 
 def register_vllm_backend() -> bool:
@@ -69,17 +74,23 @@ def register_vllm_backend() -> bool:
     try:
         registry = importlib.import_module(VLLM_REGISTRY_MODULE)
     except ImportError as error:
-        logger.warning("aiter_fused: vLLM's attention backend registry (%s) is not importable (%s): backend %s "
-                       "not registered", VLLM_REGISTRY_MODULE, error, BACKEND_NAME)
+        logger.warning(
+            "aiter_fused: vLLM's attention backend registry (%s) is not importable (%s): backend %s not registered",
+            VLLM_REGISTRY_MODULE,
+            error,
+            BACKEND_NAME,
+        )
         return False
     members = registry.AttentionBackendEnum.__members__
     if BACKEND_NAME in members:
         path = members[BACKEND_NAME].get_path()
         if path != BACKEND_CLASS:
-            raise RuntimeError(f"vLLM attention backend {BACKEND_NAME} is already registered to {path}, "
-                               f"not {BACKEND_CLASS}")
+            raise RuntimeError(
+                f"vLLM attention backend {BACKEND_NAME} is already registered to {path}, not {BACKEND_CLASS}"
+            )
         return True
     registry.register_backend(BACKEND_NAME, BACKEND_CLASS)
-    logger.info("aiter_fused: vLLM attention backend %s registered (%s); inactive unless selected",
-                BACKEND_NAME, BACKEND_CLASS)
+    logger.info(
+        "aiter_fused: vLLM attention backend %s registered (%s); inactive unless selected", BACKEND_NAME, BACKEND_CLASS
+    )
     return True

@@ -19,9 +19,9 @@ import torch
 
 from bench import env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
-from bench.semantic_check import semantic_check
-from bench.kernels import BASELINE, FP8_LEVER_KERNELS, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, RATIO_PEERS
+from bench.kernels import BASELINE, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, RATIO_PEERS
 from bench.report import gpu_slug, map_pivot, new_row, read_json, seqlen_pivot, write_json, write_report
+from bench.semantic_check import semantic_check
 from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, build_plan, parse_seqlen, tflops
 from bench.timing import SPACER_CYCLES, median, per_round_speedups, rotation_count, spread, time_interleaved
 
@@ -32,29 +32,49 @@ REASON_CHARS = 400
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="8K and 2K, causal and non-causal, bf16 hd128: FA4 stock, fa4_h15, aiter_mxfp8, cuDNN")
-    parser.add_argument("--fp8", action="store_true",
-                        help="FP8 inputs, head dim 128/64, 2K-32K, both masks, MHA and GQA 16/4: the FP8 GEMM "
-                             "ceiling, FA3 FP8/BF16, cuDNN FP8, FA4 stock BF16 (on the upcast inputs), the FP8 SM90 "
-                             "kernel (exact, exp2 deleted, H15 and its threshold x anchor x tile map at 8K)")
-    parser.add_argument("--kernels", nargs="+", metavar="PATTERN",
-                        help="kernel names or shell patterns (e.g. 'fa4_h15*'); replaces the preset's choice; "
-                             f"{BASELINE} is always added")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="8K and 2K, causal and non-causal, bf16 hd128: FA4 stock, fa4_h15, aiter_mxfp8, cuDNN",
+    )
+    parser.add_argument(
+        "--fp8",
+        action="store_true",
+        help="FP8 inputs, head dim 128/64, 2K-32K, both masks, MHA and GQA 16/4: the FP8 GEMM "
+        "ceiling, FA3 FP8/BF16, cuDNN FP8, FA4 stock BF16 (on the upcast inputs), the FP8 SM90 "
+        "kernel (exact, exp2 deleted, H15 and its threshold x anchor x tile map at 8K)",
+    )
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        metavar="PATTERN",
+        help="kernel names or shell patterns (e.g. 'fa4_h15*'); replaces the preset's choice; "
+        f"{BASELINE} is always added",
+    )
     parser.add_argument("--seqlens", nargs="+", type=_seqlen_arg, metavar="S", help="e.g. 1K 8K 32768")
     parser.add_argument("--out", default=DEFAULT_OUT, help="results folder (default: bench/results)")
     parser.add_argument("--name", help="file stem (default: <gpu>_quick or <gpu>_full, e.g. h200_full)")
     parser.add_argument("--rounds", type=_positive_int, help="interleaved rounds per group (default 5 quick, 7 full)")
     parser.add_argument("--calls-per-round", type=_positive_int, default=3, help="timed calls per kernel per round")
     parser.add_argument("--warmup", type=_nonnegative_int, default=2, help="untimed calls per kernel after its check")
-    parser.add_argument("--map-masks", choices=MAP_MASK_CHOICES, default="causal",
-                        help="masks that get the fa4_h15 threshold x beta map at 8K (full run), or the FP8 H15 map (--fp8)")
-    parser.add_argument("--max-minutes", type=float,
-                        help="stop compiling new kernels after this much wall time; the rest become 'skipped'")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run whose JSON is already at --out/--name: keep its finished groups "
-                             "(errors included) and run the rest; settings, GPU and package versions must match, "
-                             "--max-minutes may differ")
+    parser.add_argument(
+        "--map-masks",
+        choices=MAP_MASK_CHOICES,
+        default="causal",
+        help="masks that get the fa4_h15 threshold x beta map at 8K (full run), or the FP8 H15 map (--fp8)",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        help="stop compiling new kernels after this much wall time; the rest become 'skipped'",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose JSON is already at --out/--name: keep its finished groups "
+        "(errors included) and run the rest; settings, GPU and package versions must match, "
+        "--max-minutes may differ",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
@@ -90,11 +110,20 @@ def _nonnegative_int(text: str) -> int:
 
 
 def settings_of(args: argparse.Namespace) -> dict:
-    return {"preset": "quick" if args.quick else "fp8" if args.fp8 else "full", "kernels": args.kernels, "seqlens": args.seqlens,
-            "rounds": args.rounds, "calls_per_round": args.calls_per_round, "warmup": args.warmup,
-            "map_masks": args.map_masks, "max_minutes": args.max_minutes, "seed": args.seed,
-            "tokens_per_call": TOKENS, "spacer_cycles": SPACER_CYCLES,
-            "rotation": "fewest input sets (>= 2) whose total size exceeds 2x L2"}
+    return {
+        "preset": "quick" if args.quick else "fp8" if args.fp8 else "full",
+        "kernels": args.kernels,
+        "seqlens": args.seqlens,
+        "rounds": args.rounds,
+        "calls_per_round": args.calls_per_round,
+        "warmup": args.warmup,
+        "map_masks": args.map_masks,
+        "max_minutes": args.max_minutes,
+        "seed": args.seed,
+        "tokens_per_call": TOKENS,
+        "spacer_cycles": SPACER_CYCLES,
+        "rotation": "fewest input sets (>= 2) whose total size exceeds 2x L2",
+    }
 
 
 # Settings a resumed run may change: they bound the run's length, not what a row measures.
@@ -111,8 +140,9 @@ class ResumeError(ValueError):
     """--resume refused: the results file does not belong to this run."""
 
 
-def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str,
-                  packages: dict[str, str | None]) -> dict[tuple, list[dict]]:
+def finished_rows(
+    doc: dict, plan: list[Group], settings: dict, gpu_name: str, packages: dict[str, str | None]
+) -> dict[tuple, list[dict]]:
     """The rows of `doc` (a previous run's JSON) for every group of `plan` it finished, by group key.
 
     A group counts as finished when the file holds a row for each of its kernels and none of them was
@@ -123,8 +153,10 @@ def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str,
     old_settings = doc["env"].get("settings", {})
     for key in sorted(set(old_settings) | set(settings)):
         if key not in RESUMABLE_SETTINGS and old_settings.get(key) != settings.get(key):
-            raise ResumeError(f"--resume: setting {key!r} was {old_settings.get(key)!r} in the results file, "
-                             f"now {settings.get(key)!r}; rerun without --resume (or with the same settings)")
+            raise ResumeError(
+                f"--resume: setting {key!r} was {old_settings.get(key)!r} in the results file, "
+                f"now {settings.get(key)!r}; rerun without --resume (or with the same settings)"
+            )
     old_gpu = doc["env"].get("gpu", {})
     old_name = old_gpu.get("name") if isinstance(old_gpu, dict) else None
     if old_name != gpu_name:
@@ -132,8 +164,10 @@ def finished_rows(doc: dict, plan: list[Group], settings: dict, gpu_name: str,
     old_packages = doc["env"].get("packages", {})
     for name in sorted(set(old_packages) | set(packages)):
         if old_packages.get(name) != packages.get(name):
-            raise ResumeError(f"--resume: package {name} was {old_packages.get(name)!r} in the results file, "
-                              f"now {packages.get(name)!r}")
+            raise ResumeError(
+                f"--resume: package {name} was {old_packages.get(name)!r} in the results file, "
+                f"now {packages.get(name)!r}"
+            )
     by_group: dict[tuple, dict[str, dict]] = {}
     for row in doc["rows"]:
         by_group.setdefault(group_key(row), {})[row["kernel"]] = row
@@ -149,16 +183,23 @@ def describe_kernels(names: tuple[str, ...]) -> str:
     plain = [n for n in names if n not in MAP_KERNELS + FP8_MAP_KERNELS]  # the FP8 levers are listed by name
     mapped = sum(n in MAP_KERNELS for n in names)
     fp8_mapped = sum(n in FP8_MAP_KERNELS for n in names)
-    return (", ".join(plain) + (f", fa4_h15_t*_b* ({mapped} map points)" if mapped else "")
-            + (f", fa4_fp8_h15*_t*_n* ({fp8_mapped} map points)" if fp8_mapped else ""))
+    return (
+        ", ".join(plain)
+        + (f", fa4_h15_t*_b* ({mapped} map points)" if mapped else "")
+        + (f", fa4_fp8_h15*_t*_n* ({fp8_mapped} map points)" if fp8_mapped else "")
+    )
 
 
 def print_plan(plan: list[Group], settings: dict) -> None:
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     for i, group in enumerate(plan):
-        print(f"[{i + 1:2d}] {group.shape.label:34s} {len(group.kernels):2d} kernels: {describe_kernels(group.kernels)}")
-    print(f"{len(plan)} groups, {sum(len(g.kernels) for g in plan)} kernel rows, "
-          f"~{compiled_configurations(plan)} FA4/Triton compilations (FP8 aside)")
+        print(
+            f"[{i + 1:2d}] {group.shape.label:34s} {len(group.kernels):2d} kernels: {describe_kernels(group.kernels)}"
+        )
+    print(
+        f"{len(plan)} groups, {sum(len(g.kernels) for g in plan)} kernel rows, "
+        f"~{compiled_configurations(plan)} FA4/Triton compilations (FP8 aside)"
+    )
 
 
 def compiled_configurations(plan: list[Group]) -> int:
@@ -217,8 +258,15 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:REASON_CHARS]
 
 
-def run_group(group: Group, index: int, args: argparse.Namespace, capability: tuple[int, int], l2_bytes: int,
-              deadline: float | None, progress: Progress) -> list[dict]:
+def run_group(
+    group: Group,
+    index: int,
+    args: argparse.Namespace,
+    capability: tuple[int, int],
+    l2_bytes: int,
+    deadline: float | None,
+    progress: Progress,
+) -> list[dict]:
     shape = group.shape
     rows = {name: new_row(shape, KERNELS[name]) for name in group.kernels}
     active = []
@@ -237,7 +285,9 @@ def run_group(group: Group, index: int, args: argparse.Namespace, capability: tu
         progress.step(f"{shape.label}: nothing to time", args.rounds)
         return list(rows.values())
 
-    set_bytes = ELEMENT_BYTES[shape.dtype] * shape.batch * shape.seqlen * shape.head_dim * (shape.heads_q + 2 * shape.heads_kv)
+    set_bytes = (
+        ELEMENT_BYTES[shape.dtype] * shape.batch * shape.seqlen * shape.head_dim * (shape.heads_q + 2 * shape.heads_kv)
+    )
     inputs = make_inputs(shape, rotation_count(set_bytes, l2_bytes), "cuda", seed=args.seed + index)
     batches = check_batches(shape.batch)
     try:
@@ -262,8 +312,11 @@ def run_group(group: Group, index: int, args: argparse.Namespace, capability: tu
             torch.cuda.synchronize()
             rows[name]["first_call_s"] = time.perf_counter() - start
             # to fp32 before indexing: cuDNN's FP8 output is e4m3, which not every indexing kernel takes
-            result = (check_output(spec.output_for_check(out)[batches], ref, spec.tolerance(shape.dtype))
-                      if spec.checked else None)
+            result = (
+                check_output(spec.output_for_check(out)[batches], ref, spec.tolerance(shape.dtype))
+                if spec.checked
+                else None
+            )
             if result is not None and spec.family == "fa4" and spec.knobs and shape.dtype in ("bf16", "fp16"):
                 # A softmax stage: the binding gate is its own reference within the derived bounds.
                 semantic = semantic_check(dict(spec.knobs), *inputs[0], shape.causal, out)
@@ -286,13 +339,20 @@ def run_group(group: Group, index: int, args: argparse.Namespace, capability: tu
         else:
             rows[name].update(status="check_failed", reason=result.reason)
         verdict = "checked" if result.passed else "CHECK FAILED"
-        progress.step(f"{shape.label}: {name} {verdict} (first call {rows[name]['first_call_s']:.1f} s, "
-                      f"rel err {_fmt_err(result.rel_err)} vs tol {result.tolerance:g})")
+        progress.step(
+            f"{shape.label}: {name} {verdict} (first call {rows[name]['first_call_s']:.1f} s, "
+            f"rel err {_fmt_err(result.rel_err)} vs tol {result.tolerance:g})"
+        )
     del ref
 
-    times, errors = time_interleaved(launchers, rounds=args.rounds, calls_per_round=args.calls_per_round,
-                                     warmup=args.warmup, seed=args.seed + index,
-                                     on_round=lambda r: progress.step(f"{shape.label}: round {r + 1}/{args.rounds}"))
+    times, errors = time_interleaved(
+        launchers,
+        rounds=args.rounds,
+        calls_per_round=args.calls_per_round,
+        warmup=args.warmup,
+        seed=args.seed + index,
+        on_round=lambda r: progress.step(f"{shape.label}: round {r + 1}/{args.rounds}"),
+    )
     baseline = times.get(BASELINE) if BASELINE not in errors else None
     for name, per_round in times.items():
         row = rows[name]
@@ -302,9 +362,16 @@ def run_group(group: Group, index: int, args: argparse.Namespace, capability: tu
         calls = [t for round_times in per_round for t in round_times]
         summary = spread(calls)
         spec = KERNELS[name]
-        row.update(status="ok", median_ms=summary["median"], ms_q1=summary["q1"], ms_q3=summary["q3"],
-                   tflops=tflops(shape, summary["median"]) if spec.flops is None
-                   else spec.flops / (summary["median"] * 1e-3) / 1e12, timed_calls=len(calls))
+        row.update(
+            status="ok",
+            median_ms=summary["median"],
+            ms_q1=summary["q1"],
+            ms_q3=summary["q3"],
+            tflops=tflops(shape, summary["median"])
+            if spec.flops is None
+            else spec.flops / (summary["median"] * 1e-3) / 1e12,
+            timed_calls=len(calls),
+        )
         if spec.flops is not None:  # a ceiling does other work than the group's attention: no speed-ups
             continue
         for peer in RATIO_PEERS:
@@ -349,16 +416,25 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
         done = finished_rows(previous, plan, settings, props.name, env["packages"])
         doc["env"] = previous["env"]
         doc["env"].setdefault("resumed", []).append(
-            {"date_utc": env["date_utc"], "host": env["host"], "git_commit": env["git_commit"],
-             "nvidia_smi": env["nvidia_smi"], "max_minutes": args.max_minutes, "groups_kept": len(done)})
+            {
+                "date_utc": env["date_utc"],
+                "host": env["host"],
+                "git_commit": env["git_commit"],
+                "nvidia_smi": env["nvidia_smi"],
+                "max_minutes": args.max_minutes,
+                "groups_kept": len(done),
+            }
+        )
     elif args.resume:
         print(f"--resume: no results file at {json_path}; starting a new run", flush=True)
     earlier_wall_s = doc["env"].get("wall_s", 0.0) if args.resume else 0.0
     started = time.perf_counter()
     deadline = started + 60 * args.max_minutes if args.max_minutes else None
     progress = Progress(sum(len(g.kernels) + args.rounds for g in plan))
-    progress.write(f"{props.name} sm_{capability[0]}{capability[1]}, L2 {l2_bytes / 2**20:.0f} MiB; "
-                   f"{len(plan)} groups -> {json_path}")
+    progress.write(
+        f"{props.name} sm_{capability[0]}{capability[1]}, L2 {l2_bytes / 2**20:.0f} MiB; "
+        f"{len(plan)} groups -> {json_path}"
+    )
     for index, group in enumerate(plan):
         if group_key(group.shape) in done:
             rows = done[group_key(group.shape)]
@@ -392,8 +468,9 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        plan = build_plan(quick=args.quick, kernel_patterns=args.kernels, seqlens=args.seqlens,
-                          map_masks=args.map_masks, fp8=args.fp8)
+        plan = build_plan(
+            quick=args.quick, kernel_patterns=args.kernels, seqlens=args.seqlens, map_masks=args.map_masks, fp8=args.fp8
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -402,8 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         print_plan(plan, settings)
         return 0
     if not torch.cuda.is_available():
-        print("error: python -m bench times CUDA kernels and found no CUDA device (use --dry-run to see the plan)",
-              file=sys.stderr)
+        print(
+            "error: python -m bench times CUDA kernels and found no CUDA device (use --dry-run to see the plan)",
+            file=sys.stderr,
+        )
         return 2
     try:
         run(plan, args, settings)

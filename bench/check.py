@@ -16,8 +16,9 @@ from bench.kernels import TORCH_DTYPES
 from bench.sweep import Shape
 
 
-def make_inputs(shape: Shape, n_sets: int, device: torch.device | str, seed: int
-                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def make_inputs(
+    shape: Shape, n_sets: int, device: torch.device | str, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """`n_sets` independent (q, k, v) triples, entries N(0, 1) rounded to the shape's dtype."""
     if n_sets < 1:
         raise ValueError(f"n_sets must be >= 1, got {n_sets}")
@@ -27,15 +28,22 @@ def make_inputs(shape: Shape, n_sets: int, device: torch.device | str, seed: int
     draw_dtype = torch.bfloat16 if shape.dtype == "fp8" else dtype
 
     def draw(heads):
-        x = torch.randn(shape.batch, shape.seqlen, heads, shape.head_dim, device=device, dtype=draw_dtype,
-                        generator=generator)
+        x = torch.randn(
+            shape.batch, shape.seqlen, heads, shape.head_dim, device=device, dtype=draw_dtype, generator=generator
+        )
         return x.to(dtype)
 
     return [(draw(shape.heads_q), draw(shape.heads_kv), draw(shape.heads_kv)) for _ in range(n_sets)]
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                        batch_indices: list[int] | None = None, softmax_scale: float | None = None) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    batch_indices: list[int] | None = None,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
     """fp32 attention in FlashAttention layout, (len(batch_indices), seqlen_q, heads_q, head_dim).
 
     One (batch, head) at a time so a 32K x 32K score matrix is the largest temporary (4 GiB). GQA: query
@@ -49,7 +57,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if heads_q % heads_kv:
         raise ValueError(f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     batch_indices = list(range(batch)) if batch_indices is None else batch_indices
-    scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     group = heads_q // heads_kv
     mask = None
     if causal and seqlen_q != seqlen_k:
@@ -65,8 +73,13 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
             for i, b in enumerate(batch_indices):
                 for h in range(heads_q):
                     o = torch.nn.functional.scaled_dot_product_attention(
-                        q[b, :, h].float()[None], k[b, :, h // group].float()[None], v[b, :, h // group].float()[None],
-                        attn_mask=mask, is_causal=causal and mask is None, scale=scale)[0]
+                        q[b, :, h].float()[None],
+                        k[b, :, h // group].float()[None],
+                        v[b, :, h // group].float()[None],
+                        attn_mask=mask,
+                        is_causal=causal and mask is None,
+                        scale=scale,
+                    )[0]
                     out[i, :, h] = o
     finally:
         torch.set_float32_matmul_precision(precision)
@@ -107,5 +120,7 @@ def check_output(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> Chec
     rel_err = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else math.inf
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
     if not rel_err <= tolerance:
-        return CheckResult(False, rel_err, max_abs, tolerance, f"relative error {rel_err:.3g} > tolerance {tolerance:g}")
+        return CheckResult(
+            False, rel_err, max_abs, tolerance, f"relative error {rel_err:.3g} > tolerance {tolerance:g}"
+        )
     return CheckResult(True, rel_err, max_abs, tolerance, "")

@@ -13,8 +13,18 @@ import torch
 
 PACKAGES = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "numpy")
 # Fields every nvidia-smi of the last years knows (one unknown field fails the whole query).
-SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem",
-              "power.draw", "power.limit", "temperature.gpu", "pstate")
+SMI_FIELDS = (
+    "name",
+    "driver_version",
+    "clocks.sm",
+    "clocks.max.sm",
+    "clocks.mem",
+    "clocks.max.mem",
+    "power.draw",
+    "power.limit",
+    "temperature.gpu",
+    "pstate",
+)
 ENV_PREFIXES = ("FLASH_ATTENTION_", "CUTE_DSL_", "CUDA_VISIBLE_DEVICES", "TRITON_", "AITER_", "TORCH_CUDNN")
 
 
@@ -34,8 +44,12 @@ def nvidia_smi(index: int = 0) -> dict[str, str] | str:
     if exe is None:
         return "nvidia-smi not found"
     try:
-        proc = subprocess.run([exe, f"--id={index}", f"--query-gpu={','.join(SMI_FIELDS)}",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        proc = subprocess.run(
+            [exe, f"--id={index}", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"nvidia-smi failed: {exc}"
     if proc.returncode != 0:
@@ -49,9 +63,14 @@ def gpu_properties() -> dict | str:
         return "no CUDA device"
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
-    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
-            "sm_count": props.multi_processor_count, "memory_bytes": props.total_memory,
-            "l2_cache_bytes": getattr(props, "L2_cache_size", None), "device_index": device}
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+        "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+        "device_index": device,
+    }
 
 
 def git_commit() -> str | None:

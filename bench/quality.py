@@ -76,9 +76,22 @@ BASELINE = "sdpa"  # transformers' own exact attention, float32
 
 QUICK_MODES = ("exact_ref", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8")
 FULL_MODES = (
-    "exact_ref", "exact_bf16p", "rowmax_pot", "rowmax_h15_t0", "rowmax_h15_t8", "rowmax_h15_row",
-    "baps_l0", "baps_l1", "baps_l2", "fused_mxfp8", "fused_mxfp6", "fused_mxfp4", "fused_hybrid",
-    "exact_fp8_inputs", "exact_fp8", "rowmax_h15_fp8",
+    "exact_ref",
+    "exact_bf16p",
+    "rowmax_pot",
+    "rowmax_h15_t0",
+    "rowmax_h15_t8",
+    "rowmax_h15_row",
+    "baps_l0",
+    "baps_l1",
+    "baps_l2",
+    "fused_mxfp8",
+    "fused_mxfp6",
+    "fused_mxfp4",
+    "fused_hybrid",
+    "exact_fp8_inputs",
+    "exact_fp8",
+    "rowmax_h15_fp8",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BOOTSTRAP_REPS = 5000
@@ -104,8 +117,13 @@ def gguf_path(model: str = models.DEFAULT_MODEL, assets_dir: Path = quality_asse
     return models.gguf_path(models.MODELS[model], assets_dir)
 
 
-def load_from_gguf(text_dir: Path | None, allow_text_change: bool, model: str = models.DEFAULT_MODEL,
-                   text_name: str = DEFAULT_TEXT, assets_dir: Path = quality_assets.DEFAULT_CACHE) -> Workload:
+def load_from_gguf(
+    text_dir: Path | None,
+    allow_text_change: bool,
+    model: str = models.DEFAULT_MODEL,
+    text_name: str = DEFAULT_TEXT,
+    assets_dir: Path = quality_assets.DEFAULT_CACHE,
+) -> Workload:
     # The text first: it is cheap, and a missing or changed text should fail before a minute of loading.
     # The Austen text sits next to the models (`<assets-dir>/austen`, as in a device bundle) unless told otherwise.
     if text_dir is None and text_name == "austen":
@@ -193,7 +211,9 @@ def mean_kl(exact: BlockScores, approx: BlockScores) -> float:
     return float(kl.double().mean())
 
 
-def bootstrap_interval(per_block: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+def bootstrap_interval(
+    per_block: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
     """95% percentile interval of the mean of `per_block` under resampling of blocks with replacement."""
     per_block = np.asarray(per_block, dtype=np.float64)
     if per_block.ndim != 1 or per_block.size == 0:
@@ -230,8 +250,11 @@ def paired_difference(runs: dict, name: str, against: str) -> dict:
         if run not in runs:
             raise ValueError(f"run {run!r} is not in this report; runs: {sorted(runs)}")
     result = {}
-    for key, out in (("per_block_delta_nll", "delta_nll"), ("per_block_kl_nats", "kl_nats"),
-                     ("per_block_top1_agreement", "top1_agreement_pct")):
+    for key, out in (
+        ("per_block_delta_nll", "delta_nll"),
+        ("per_block_kl_nats", "kl_nats"),
+        ("per_block_top1_agreement", "top1_agreement_pct"),
+    ):
         diff = np.array(runs[name][key]) - np.array(runs[against][key])
         scale = 100.0 if out == "top1_agreement_pct" else 1.0
         result[out] = scale * float(diff.mean())
@@ -274,8 +297,10 @@ def tile_row_max(q: torch.Tensor, k: torch.Tensor, scale: float, tile_n: int) ->
     first L' tokens, so one forward pass gives every shorter sequence length.
     """
     if q.ndim != 3 or k.ndim != 3 or q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
-        raise ValueError(f"q must be (heads_q, L, D) and k (heads_k, L, D) with heads_k | heads_q, "
-                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"q must be (heads_q, L, D) and k (heads_k, L, D) with heads_k | heads_q, "
+            f"got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     heads, length, _ = q.shape
     k = k.repeat_interleave(heads // k.shape[0], dim=0)
     x = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale * math.log2(math.e))
@@ -285,8 +310,9 @@ def tile_row_max(q: torch.Tensor, k: torch.Tensor, scale: float, tile_n: int) ->
     return x.view(heads, length, tiles, tile_n).amax(-1)
 
 
-def baps_restarts(tile_max: torch.Tensor, lam: int, granularity: str, critical: str, rounding: str,
-                  tile_m: int, tile_n: int) -> dict:
+def baps_restarts(
+    tile_max: torch.Tensor, lam: int, granularity: str, critical: str, rounding: str, tile_m: int, tile_n: int
+) -> dict:
     """Restart counts of one causal attention call under one reading of BAPS's restart rule.
 
     `tile_max` from `tile_row_max`. Row blocks of `tile_m` queries walk their KV tiles first to last after
@@ -299,8 +325,11 @@ def baps_restarts(tile_max: torch.Tensor, lam: int, granularity: str, critical: 
     unit) and `restarts_by_distance` / `tiles_by_distance` split by the tile's distance from the block's
     last tile (0, 1, 2 or more).
     """
-    for name, value, accepted in (("granularity", granularity, BAPS_GRANULARITIES),
-                                  ("critical", critical, BAPS_CRITICAL_SETS), ("rounding", rounding, BAPS_ROUNDINGS)):
+    for name, value, accepted in (
+        ("granularity", granularity, BAPS_GRANULARITIES),
+        ("critical", critical, BAPS_CRITICAL_SETS),
+        ("rounding", rounding, BAPS_ROUNDINGS),
+    ):
         if value not in accepted:
             raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
     heads, length, tiles = tile_max.shape
@@ -333,8 +362,12 @@ def baps_restarts(tile_max: torch.Tensor, lam: int, granularity: str, critical: 
             sel = active & (d == dist)
             restarts[:, :, dist] += restart * sel
             counted[:, :, dist] += tile_count * sel
-    return {"restarts": restarts.sum(-1), "tiles": counted.sum(-1),
-            "restarts_by_distance": restarts.sum((0, 1)), "tiles_by_distance": counted.sum((0, 1))}
+    return {
+        "restarts": restarts.sum(-1),
+        "tiles": counted.sum(-1),
+        "restarts_by_distance": restarts.sum((0, 1)),
+        "tiles_by_distance": counted.sum((0, 1)),
+    }
 
 
 BAPS_STUDY_LENGTHS = (512, 1024, 2048)
@@ -374,10 +407,13 @@ def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 
         for tm in tile_maxima.values():
             tm = tm.cpu()
             for length, (g, c, r), lam in itertools.product(lengths, readings, lambdas):
-                counts = baps_restarts(tm[:, :length, : -(-length // BAPS_STUDY_TILE)], lam, g, c, r,
-                                       BAPS_STUDY_TILE, BAPS_STUDY_TILE)
-                acc = sums.setdefault((length, g, c, r, lam), {"restarts": 0, "tiles": 0, "prr": 0.0,
-                                                               "prr_long": 0.0, "by_distance": torch.zeros(2, 3)})
+                counts = baps_restarts(
+                    tm[:, :length, : -(-length // BAPS_STUDY_TILE)], lam, g, c, r, BAPS_STUDY_TILE, BAPS_STUDY_TILE
+                )
+                acc = sums.setdefault(
+                    (length, g, c, r, lam),
+                    {"restarts": 0, "tiles": 0, "prr": 0.0, "prr_long": 0.0, "by_distance": torch.zeros(2, 3)},
+                )
                 acc["restarts"] += int(counts["restarts"].sum())
                 acc["tiles"] += int(counts["tiles"].sum())
                 share = counts["restarts"].double() / counts["tiles"].clamp(min=1)
@@ -390,12 +426,20 @@ def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 
     rows = []
     for (length, g, c, r, lam), acc in sums.items():
         restarts, tiles = acc["by_distance"]
-        rows.append({
-            "seqlen": length, "granularity": g, "critical": c, "rounding": r, "lambda": lam,
-            "arr": acc["restarts"] / max(acc["tiles"], 1), "prr": acc["prr"], "prr_long": acc["prr_long"],
-            "arr_by_distance": [float(x / t) if t else None for x, t in zip(restarts, tiles)],
-            "tiles_by_distance": [int(t) for t in tiles],
-        })
+        rows.append(
+            {
+                "seqlen": length,
+                "granularity": g,
+                "critical": c,
+                "rounding": r,
+                "lambda": lam,
+                "arr": acc["restarts"] / max(acc["tiles"], 1),
+                "prr": acc["prr"],
+                "prr_long": acc["prr_long"],
+                "arr_by_distance": [float(x / t) if t else None for x, t in zip(restarts, tiles)],
+                "tiles_by_distance": [int(t) for t in tiles],
+            }
+        )
     return {"tile_m": BAPS_STUDY_TILE, "tile_n": BAPS_STUDY_TILE, "rows": rows}
 
 
@@ -415,9 +459,11 @@ def baps_restart_markdown(study: dict) -> str:
     ]
     for row in study["rows"]:
         by_distance = " / ".join("-" if x is None else f"{100 * x:.1f}" for x in row["arr_by_distance"])
-        lines.append(f"| {row['seqlen']} | {row['granularity']} | {row['critical']} | {row['rounding']} | "
-                     f"{row['lambda']} | {100 * row['arr']:.2f} | {100 * row['prr']:.2f} | "
-                     f"{100 * row['prr_long']:.2f} | {by_distance} |")
+        lines.append(
+            f"| {row['seqlen']} | {row['granularity']} | {row['critical']} | {row['rounding']} | "
+            f"{row['lambda']} | {100 * row['arr']:.2f} | {100 * row['prr']:.2f} | "
+            f"{100 * row['prr_long']:.2f} | {by_distance} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -453,8 +499,9 @@ def plan_runs(modes: list[str], compare_kernels: bool, kernels_only: bool = Fals
     return runs
 
 
-def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_budget_s: float | None = None,
-              log=print) -> dict:
+def run_study(
+    workload: Workload, blocks: torch.Tensor, runs: list[Run], time_budget_s: float | None = None, log=print
+) -> dict:
     """Score the baseline and every run on every block; per-block deltas, agreement and counters per run.
 
     With `time_budget_s`, no new block is started once the time spent plus one more block would exceed it;
@@ -498,8 +545,10 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
         for mode, agree in kernel_vs_sim_agree.items():
             agree.append(float((top1_of[f"kernel_{mode}"] == top1_of[f"sim_bf16in_{mode}"]).double().mean()))
         blocks_done = b + 1
-        log(f"block {b + 1}/{len(blocks)}: baseline NLL {base.nll.mean():.4f} ({base_seconds:.1f} s); "
-            + ", ".join(f"{r.name} {per_run[r.name]['delta'][-1]:+.5f}" for r in runs))
+        log(
+            f"block {b + 1}/{len(blocks)}: baseline NLL {base.nll.mean():.4f} ({base_seconds:.1f} s); "
+            + ", ".join(f"{r.name} {per_run[r.name]['delta'][-1]:+.5f}" for r in runs)
+        )
 
     results = {}
     for run in runs:
@@ -535,8 +584,12 @@ def run_study(workload: Workload, blocks: torch.Tensor, runs: list[Run], time_bu
             "kernel_recoveries": kernel["counters"].get("recoveries"),
             "sim_recoveries": sim["counters"].get("recoveries") if "recoveries" in kernel["counters"] else None,
         }
-    return {"runs": results, "kernel_vs_simulator": comparisons, "blocks_done": blocks_done,
-            "baseline_seconds": baseline_seconds}
+    return {
+        "runs": results,
+        "kernel_vs_simulator": comparisons,
+        "blocks_done": blocks_done,
+        "baseline_seconds": baseline_seconds,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -560,18 +613,30 @@ def markdown_report(report: dict) -> str:
         "",
         *([f"**{meta['note']}**", ""] if meta.get("note") else []),
         f"- model: {meta['model']} (sha256 {meta['model_sha256'][:16]}...)",
-        *([f"- weights: {meta['weights_note']}; output layer {meta['output_layer']}"] if meta.get("weights_note") else []),
+        *(
+            [f"- weights: {meta['weights_note']}; output layer {meta['output_layer']}"]
+            if meta.get("weights_note")
+            else []
+        ),
         f"- text: {meta['text_source']}; {len(meta['text_files'])} files joined, sha256 {meta['text_sha256']}, "
         f"{meta['num_tokens']} tokens",
         f"- blocks: {meta['num_blocks']} of {meta['block_size']} tokens, evenly spaced, scored in a random order "
         f"(seed {meta['block_order_seed']}; block indices {meta['block_indices']})"
-        + (f"; stopped by the time budget ({meta['num_blocks_requested']} requested)"
-           if meta["num_blocks"] < meta["num_blocks_requested"] else ""),
+        + (
+            f"; stopped by the time budget ({meta['num_blocks_requested']} requested)"
+            if meta["num_blocks"] < meta["num_blocks_requested"]
+            else ""
+        ),
         f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32, same blocks (paired)",
         f"- 95% intervals: paired block bootstrap, {meta['bootstrap_reps']} replicates, seed {meta['bootstrap_seed']}",
         f"- device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}"
-        + (f", gguf {meta['gguf']}" if meta.get("gguf") else "") + f"; {meta['wall_seconds']:.0f} s"
-        + (f" (baseline {meta['baseline_seconds_per_block']:.1f} s per block)" if meta.get("baseline_seconds_per_block") else ""),
+        + (f", gguf {meta['gguf']}" if meta.get("gguf") else "")
+        + f"; {meta['wall_seconds']:.0f} s"
+        + (
+            f" (baseline {meta['baseline_seconds_per_block']:.1f} s per block)"
+            if meta.get("baseline_seconds_per_block")
+            else ""
+        ),
         f"- command: `{meta.get('command')}`" + (f" at git {meta['git_commit']}" if meta.get("git_commit") else ""),
         f"- hybrid: {meta['hybrid_schedule']}",
         "",
@@ -605,16 +670,26 @@ def markdown_report(report: dict) -> str:
                 f"{_fmt_ci(c['sim_delta_nll'], c['sim_delta_nll_ci95'], 5)} | "
                 f"{_fmt_ci(c['kernel_minus_sim'], c['kernel_minus_sim_ci95'], 5)} | "
                 f"{'yes' if c['kernel_in_sim_ci95'] else 'NO'} | {c['kernel_vs_sim_top1_agreement_pct']:.2f} | "
-                + (f"{c['kernel_recoveries']} / {c['sim_recoveries']} |" if c["kernel_recoveries"] is not None else "- |")
+                + (
+                    f"{c['kernel_recoveries']} / {c['sim_recoveries']} |"
+                    if c["kernel_recoveries"] is not None
+                    else "- |"
+                )
             )
     if report.get("paired"):
-        lines += ["", "## Paired differences (run minus against, same blocks)", "",
-                  "| run - against | delta-NLL (nats) [95% CI] | KL (nats/token) [95% CI] | top-1 agreement (points) [95% CI] |",
-                  "| --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "## Paired differences (run minus against, same blocks)",
+            "",
+            "| run - against | delta-NLL (nats) [95% CI] | KL (nats/token) [95% CI] | top-1 agreement (points) [95% CI] |",
+            "| --- | --- | --- | --- |",
+        ]
         for pair, d in report["paired"].items():
-            lines.append(f"| {pair.replace(':', ' - ')} | {_fmt_ci(d['delta_nll'], d['delta_nll_ci95'], 5)} | "
-                         f"{_fmt_ci(d['kl_nats'], d['kl_nats_ci95'], 5)} | "
-                         f"{_fmt_ci(d['top1_agreement_pct'], d['top1_agreement_pct_ci95'], 2)} |")
+            lines.append(
+                f"| {pair.replace(':', ' - ')} | {_fmt_ci(d['delta_nll'], d['delta_nll_ci95'], 5)} | "
+                f"{_fmt_ci(d['kl_nats'], d['kl_nats_ci95'], 5)} | "
+                f"{_fmt_ci(d['top1_agreement_pct'], d['top1_agreement_pct_ci95'], 2)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -624,37 +699,65 @@ def markdown_report(report: dict) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"CI slice: 3 blocks of 512 tokens, modes {', '.join(QUICK_MODES)}")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"CI slice: 3 blocks of 512 tokens, modes {', '.join(QUICK_MODES)}"
+    )
     parser.add_argument("--blocks", type=int, help="number of blocks (default: 3 with --quick, else 64)")
     parser.add_argument("--block-size", type=int, help="tokens per block (default: 512 with --quick, else 2048)")
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), help="default: every mode")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--compare-kernels", action="store_true",
-                        help="run each mode's GPU kernel and the simulator on the same blocks (needs --device cuda)")
-    parser.add_argument("--kernels-only", action="store_true",
-                        help="run each mode through its GPU kernel only, no simulator twin (needs --device cuda)")
+    parser.add_argument(
+        "--compare-kernels",
+        action="store_true",
+        help="run each mode's GPU kernel and the simulator on the same blocks (needs --device cuda)",
+    )
+    parser.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="run each mode through its GPU kernel only, no simulator twin (needs --device cuda)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for quality_<tag>.json/.md")
     parser.add_argument("--tag", help="results name (default: quick, full or kernels)")
-    parser.add_argument("--model", choices=sorted(models.MODELS), default=models.DEFAULT_MODEL,
-                        help=f"model to score (default {models.DEFAULT_MODEL}; the Qwen GGUFs: "
-                        "bash scripts/fetch_quality_models.sh)")
+    parser.add_argument(
+        "--model",
+        choices=sorted(models.MODELS),
+        default=models.DEFAULT_MODEL,
+        help=f"model to score (default {models.DEFAULT_MODEL}; the Qwen GGUFs: bash scripts/fetch_quality_models.sh)",
+    )
     parser.add_argument("--text", choices=TEXTS, default=DEFAULT_TEXT, help=f"text to score (default {DEFAULT_TEXT})")
-    parser.add_argument("--assets-dir", type=Path, default=quality_assets.DEFAULT_CACHE,
-                        help="folder holding <model>/model.gguf of the Qwen models (default .cache/quality_models)")
+    parser.add_argument(
+        "--assets-dir",
+        type=Path,
+        default=quality_assets.DEFAULT_CACHE,
+        help="folder holding <model>/model.gguf of the Qwen models (default .cache/quality_models)",
+    )
     parser.add_argument("--text-dir", type=Path, help="folder of the fetched text (default: the text's cache folder)")
     parser.add_argument("--note", help="a label written at the top of the results (e.g. 'CPU smoke, not the table')")
-    parser.add_argument("--allow-text-change", action="store_true",
-                        help="measure a text whose SHA-256 differs from the pinned one (recorded in the results)")
+    parser.add_argument(
+        "--allow-text-change",
+        action="store_true",
+        help="measure a text whose SHA-256 differs from the pinned one (recorded in the results)",
+    )
     parser.add_argument("--from-cache", type=Path, help="load model and tokens written by --export (no gguf needed)")
     parser.add_argument("--export", type=Path, help="write model + tokens for --from-cache into this folder and exit")
     parser.add_argument("--export-dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--pairs", nargs="+", default=[], metavar="RUN:AGAINST",
-                        help="report RUN minus AGAINST per block with paired intervals (both must be in --modes)")
-    parser.add_argument("--baps-restart-study", action="store_true",
-                        help="count BAPS restarts under each reading of the rule (exact attention, no scoring)")
-    parser.add_argument("--time-budget-s", type=float,
-                        help="scoring time limit: start no block that would end past it (all runs keep the same blocks)")
+    parser.add_argument(
+        "--pairs",
+        nargs="+",
+        default=[],
+        metavar="RUN:AGAINST",
+        help="report RUN minus AGAINST per block with paired intervals (both must be in --modes)",
+    )
+    parser.add_argument(
+        "--baps-restart-study",
+        action="store_true",
+        help="count BAPS restarts under each reading of the rule (exact attention, no scoring)",
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        help="scoring time limit: start no block that would end past it (all runs keep the same blocks)",
+    )
     args = parser.parse_args(argv)
     if args.compare_kernels and args.device != "cuda":
         parser.error("--compare-kernels needs --device cuda")
@@ -682,11 +785,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.time_budget_s is not None and args.time_budget_s <= 0:
         parser.error("--time-budget-s must be positive")
     if not args.tag:
-        args.tag = ("baps_restarts" if args.baps_restart_study else "kernels" if args.compare_kernels
-                    else "kernels_only" if args.kernels_only else "quick" if args.quick else "full")
+        args.tag = (
+            "baps_restarts"
+            if args.baps_restart_study
+            else "kernels"
+            if args.compare_kernels
+            else "kernels_only"
+            if args.kernels_only
+            else "quick"
+            if args.quick
+            else "full"
+        )
         # Non-default model or text: their names lead, so no run overwrites the SmolLM2 / python-doc results.
-        prefix = "_".join(x for x, default in ((args.model, models.DEFAULT_MODEL), (args.text, DEFAULT_TEXT))
-                          if x != default)
+        prefix = "_".join(
+            x for x, default in ((args.model, models.DEFAULT_MODEL), (args.text, DEFAULT_TEXT)) if x != default
+        )
         args.tag = f"{prefix}_{args.tag}".replace(".", "") if prefix else args.tag
     return args
 
@@ -695,10 +808,20 @@ def _git_commit() -> str | None:
     """HEAD of the checkout, with "+dirty" when tracked files differ (None outside a git checkout)."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
@@ -745,8 +868,9 @@ def main(argv=None) -> dict | None:
     blocks, indices = blocks[torch.from_numpy(order)], [indices[i] for i in order]
     if args.baps_restart_study:
         study = baps_restart_study(workload, blocks, log=print)
-        study["meta"] = dict(workload.provenance, block_size=args.block_size, block_indices=indices,
-                             torch=torch.__version__)
+        study["meta"] = dict(
+            workload.provenance, block_size=args.block_size, block_indices=indices, torch=torch.__version__
+        )
         _write_results(args.out, args.tag, study, baps_restart_markdown(study))
         return study
     runs = plan_runs(args.modes, args.compare_kernels, args.kernels_only)
@@ -772,8 +896,9 @@ def main(argv=None) -> dict | None:
             f"per layer: MXFP6 in the first and last {fused_hf.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
             "(Note [Hybrid MX schedule for an LLM] in aiter_fused/hf.py)"
         ),
-        device=torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({platform.processor() or 'x86_64'}, "
-        f"{torch.get_num_threads()} threads)",
+        device=torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"cpu ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)",
         torch=torch.__version__,
         transformers=transformers.__version__,
         gguf=_package_version("gguf"),

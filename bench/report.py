@@ -13,30 +13,63 @@ import os
 import re
 import sys
 
-from bench.kernels import (BASELINE, H15_BETAS, H15_THRESHOLDS, KERNELS, MAP_KERNELS, RATIO_PEERS,
-                           KernelSpec, h15_map_name)
+from bench.kernels import (
+    BASELINE,
+    H15_BETAS,
+    H15_THRESHOLDS,
+    KERNELS,
+    MAP_KERNELS,
+    RATIO_PEERS,
+    KernelSpec,
+    h15_map_name,
+)
 from bench.sweep import FOCUS_SEQLEN, HEADS_Q, TOKENS, Shape, format_seqlen
 
 STATUSES = ("ok", "check_failed", "unsupported", "unavailable", "error", "skipped")
-FLOPS_FORMULA = ("FLOPs = 4 * batch * heads_q * seqlen_q * seqlen_k * head_dim (QK^T and PV, 2 per multiply-add), "
-                 "halved for causal; TFLOPS = FLOPs / median time")
-SPEEDUP_DEFINITION = ("speed-up = FA4 stock time / kernel time, the median over interleaved rounds of the "
-                      "per-round ratio of median call times (>1: faster than FA4 stock); brackets: "
-                      "interquartile range of the per-round ratios")
-GATE_DEFINITION = ("gate: output finite and ||out - ref||_F / ||ref||_F <= tolerance, ref = fp32 attention "
-                   "(PyTorch math SDPA) of the same inputs, first and last batch entry, all heads; "
-                   "inputs N(0, 1)")
+FLOPS_FORMULA = (
+    "FLOPs = 4 * batch * heads_q * seqlen_q * seqlen_k * head_dim (QK^T and PV, 2 per multiply-add), "
+    "halved for causal; TFLOPS = FLOPs / median time"
+)
+SPEEDUP_DEFINITION = (
+    "speed-up = FA4 stock time / kernel time, the median over interleaved rounds of the "
+    "per-round ratio of median call times (>1: faster than FA4 stock); brackets: "
+    "interquartile range of the per-round ratios"
+)
+GATE_DEFINITION = (
+    "gate: output finite and ||out - ref||_F / ||ref||_F <= tolerance, ref = fp32 attention "
+    "(PyTorch math SDPA) of the same inputs, first and last batch entry, all heads; "
+    "inputs N(0, 1)"
+)
 
 
 def new_row(shape: Shape, spec: KernelSpec) -> dict:
     """A result row with every field present; the run fills in status, times and the check."""
     return {
-        "kernel": spec.name, "family": spec.family, "mode": spec.mode, "knobs": dict(spec.knobs),
-        "dtype": shape.dtype, "mask": shape.mask, "causal": shape.causal, "seqlen": shape.seqlen,
-        "head_dim": shape.head_dim, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv, "batch": shape.batch,
-        "status": "skipped", "reason": "", "median_ms": None, "ms_q1": None, "ms_q3": None, "tflops": None,
-        "speedup_vs_fa4_stock": None, "speedup_spread": None, "round_speedups": None, "check": None,
-        "first_call_s": None, "timed_calls": 0, **{f"speedup_vs_{peer}": None for peer in RATIO_PEERS},
+        "kernel": spec.name,
+        "family": spec.family,
+        "mode": spec.mode,
+        "knobs": dict(spec.knobs),
+        "dtype": shape.dtype,
+        "mask": shape.mask,
+        "causal": shape.causal,
+        "seqlen": shape.seqlen,
+        "head_dim": shape.head_dim,
+        "heads_q": shape.heads_q,
+        "heads_kv": shape.heads_kv,
+        "batch": shape.batch,
+        "status": "skipped",
+        "reason": "",
+        "median_ms": None,
+        "ms_q1": None,
+        "ms_q3": None,
+        "tflops": None,
+        "speedup_vs_fa4_stock": None,
+        "speedup_spread": None,
+        "round_speedups": None,
+        "check": None,
+        "first_call_s": None,
+        "timed_calls": 0,
+        **{f"speedup_vs_{peer}": None for peer in RATIO_PEERS},
     }
 
 
@@ -107,8 +140,7 @@ def seqlen_pivot(rows: list[dict], mask: str) -> str | None:
     seqlens = sorted({r["seqlen"] for r in main})
     kernels = list(dict.fromkeys(r["kernel"] for r in main))
     cell = {(r["kernel"], r["seqlen"]): r for r in main}
-    lines = ["| kernel | " + " | ".join(format_seqlen(s) for s in seqlens) + " |",
-             "| --- |" + " --- |" * len(seqlens)]
+    lines = ["| kernel | " + " | ".join(format_seqlen(s) for s in seqlens) + " |", "| --- |" + " --- |" * len(seqlens)]
     for kernel in kernels:
         cells = []
         for s in seqlens:
@@ -125,15 +157,21 @@ def seqlen_pivot(rows: list[dict], mask: str) -> str | None:
 
 def map_pivot(rows: list[dict], mask: str) -> str | None:
     """rescale_threshold x beta table of fa4_h15 speed-ups at the focus seqlen."""
-    cell = {r["kernel"]: r for r in rows
-            if _is_main(r) and r["mask"] == mask and r["seqlen"] == FOCUS_SEQLEN and r["kernel"] in MAP_KERNELS}
+    cell = {
+        r["kernel"]: r
+        for r in rows
+        if _is_main(r) and r["mask"] == mask and r["seqlen"] == FOCUS_SEQLEN and r["kernel"] in MAP_KERNELS
+    }
     if not cell:
         return None
-    lines = ["| threshold \\ beta | " + " | ".join(f"{b:g}" for b in H15_BETAS) + " |",
-             "| --- |" + " --- |" * len(H15_BETAS)]
+    lines = [
+        "| threshold \\ beta | " + " | ".join(f"{b:g}" for b in H15_BETAS) + " |",
+        "| --- |" + " --- |" * len(H15_BETAS),
+    ]
     for t in H15_THRESHOLDS:
-        cells = [_md_escape(speedup_cell(cell[h15_map_name(t, b)])) if h15_map_name(t, b) in cell else ""
-                 for b in H15_BETAS]
+        cells = [
+            _md_escape(speedup_cell(cell[h15_map_name(t, b)])) if h15_map_name(t, b) in cell else "" for b in H15_BETAS
+        ]
         lines.append(f"| {t:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -142,16 +180,24 @@ def fp8_cell(row: dict) -> str:
     """'905 TF, 1.02x FA3-FP8, 1.41x FA4 BF16' for a timed FP8 row, else its status."""
     if row["status"] != "ok":
         return speedup_cell(row)
-    ratios = [f"{row[f'speedup_vs_{peer}']:.2f}x {peer}" for peer in RATIO_PEERS
-              if row.get(f"speedup_vs_{peer}") is not None]
+    ratios = [
+        f"{row[f'speedup_vs_{peer}']:.2f}x {peer}" for peer in RATIO_PEERS if row.get(f"speedup_vs_{peer}") is not None
+    ]
     return ", ".join([f"{row['tflops']:.0f} TF"] + ratios)
 
 
 def fp8_pivot(rows: list[dict], mask: str, head_dim: int, heads_kv: int) -> str | None:
     """Kernels x seqlens of the FP8 rows of one (mask, head dim, heads_kv): TFLOPS and the ratios to the
     RATIO_PEERS (FA3-FP8, FA4 stock BF16) from the same interleaved rounds."""
-    chosen = [r for r in rows if r["dtype"] == "fp8" and r["mask"] == mask and r["head_dim"] == head_dim
-              and r["heads_kv"] == heads_kv and r["heads_q"] == HEADS_Q]
+    chosen = [
+        r
+        for r in rows
+        if r["dtype"] == "fp8"
+        and r["mask"] == mask
+        and r["head_dim"] == head_dim
+        and r["heads_kv"] == heads_kv
+        and r["heads_q"] == HEADS_Q
+    ]
     if not chosen:
         return None
     seqlens = sorted({r["seqlen"] for r in chosen})
@@ -165,17 +211,21 @@ def fp8_pivot(rows: list[dict], mask: str, head_dim: int, heads_kv: int) -> str 
 
 
 def rows_table(rows: list[dict]) -> str:
-    lines = ["| kernel | mask | dtype | seqlen | d | heads q/kv | batch | median ms | TFLOPS | speed-up vs FA4 stock "
-             "[IQR] | gate rel. err (tol) | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| kernel | mask | dtype | seqlen | d | heads q/kv | batch | median ms | TFLOPS | speed-up vs FA4 stock "
+        "[IQR] | gate rel. err (tol) | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         check = r["check"] or {}
-        gate = (f"{check['rel_err']:.2g} ({check['tolerance']:g})" if check.get("rel_err") is not None else "")
+        gate = f"{check['rel_err']:.2g} ({check['tolerance']:g})" if check.get("rel_err") is not None else ""
         speed = speedup_cell(r) if r["status"] == "ok" else ""
         note = r["status"].replace("_", " ") + (f": {r['reason']}" if r["reason"] else "")
-        lines.append(f"| {r['kernel']} | {r['mask']} | {r['dtype']} | {format_seqlen(r['seqlen'])} | {r['head_dim']} "
-                     f"| {r['heads_q']}/{r['heads_kv']} | {r['batch']} | {_fmt(r['median_ms'], 4)} | "
-                     f"{_fmt(r['tflops'], 4)} | {speed} | {gate} | {_md_escape(note if r['status'] != 'ok' else '')} |")
+        lines.append(
+            f"| {r['kernel']} | {r['mask']} | {r['dtype']} | {format_seqlen(r['seqlen'])} | {r['head_dim']} "
+            f"| {r['heads_q']}/{r['heads_kv']} | {r['batch']} | {_fmt(r['median_ms'], 4)} | "
+            f"{_fmt(r['tflops'], 4)} | {speed} | {gate} | {_md_escape(note if r['status'] != 'ok' else '')} |"
+        )
     return "\n".join(lines)
 
 
@@ -186,28 +236,41 @@ def environment_lines(env: dict) -> list[str]:
     lines = []
     if isinstance(gpu, dict):
         l2 = gpu.get("l2_cache_bytes")
-        lines.append(f"- GPU: {gpu['name']} (sm_{gpu['capability'].replace('.', '')}, {gpu['sm_count']} SMs, "
-                     f"L2 {l2 / 2**20:.0f} MiB)" if l2 else f"- GPU: {gpu['name']}")
+        lines.append(
+            f"- GPU: {gpu['name']} (sm_{gpu['capability'].replace('.', '')}, {gpu['sm_count']} SMs, "
+            f"L2 {l2 / 2**20:.0f} MiB)"
+            if l2
+            else f"- GPU: {gpu['name']}"
+        )
     else:
         lines.append(f"- GPU: {gpu}")
     if isinstance(smi, dict):
         after = env.get("nvidia_smi_after")
-        after_text = (f"; after the run: SM {after.get('clocks.sm')}, {after.get('temperature.gpu')} C, "
-                      f"{after.get('power.draw')}" if isinstance(after, dict) else "")
-        lines.append(f"- clocks at start: SM {smi.get('clocks.sm')} (max {smi.get('clocks.max.sm')}), memory "
-                     f"{smi.get('clocks.mem')}, {smi.get('temperature.gpu')} C, power limit {smi.get('power.limit')}"
-                     f"{after_text}; driver {smi.get('driver_version')}")
+        after_text = (
+            f"; after the run: SM {after.get('clocks.sm')}, {after.get('temperature.gpu')} C, {after.get('power.draw')}"
+            if isinstance(after, dict)
+            else ""
+        )
+        lines.append(
+            f"- clocks at start: SM {smi.get('clocks.sm')} (max {smi.get('clocks.max.sm')}), memory "
+            f"{smi.get('clocks.mem')}, {smi.get('temperature.gpu')} C, power limit {smi.get('power.limit')}"
+            f"{after_text}; driver {smi.get('driver_version')}"
+        )
     else:
         lines.append(f"- nvidia-smi: {smi}")
-    lines.append(f"- CUDA {env.get('cuda_runtime')}, cuDNN {env.get('cudnn')}, " +
-                 ", ".join(f"{k} {v}" for k, v in packages.items() if v) +
-                 f"; commit {env.get('git_commit') or 'unknown'}; {env.get('date_utc')}")
+    lines.append(
+        f"- CUDA {env.get('cuda_runtime')}, cuDNN {env.get('cudnn')}, "
+        + ", ".join(f"{k} {v}" for k, v in packages.items() if v)
+        + f"; commit {env.get('git_commit') or 'unknown'}; {env.get('date_utc')}"
+    )
     for session in env.get("resumed", []):
         smi = session.get("nvidia_smi")
         clocks = f", SM {smi.get('clocks.sm')} at start" if isinstance(smi, dict) else ""
-        lines.append(f"- resumed {session.get('date_utc')} on {session.get('host')} (commit "
-                     f"{session.get('git_commit') or 'unknown'}{clocks}): kept {session.get('groups_kept')} "
-                     f"finished groups, measured the rest")
+        lines.append(
+            f"- resumed {session.get('date_utc')} on {session.get('host')} (commit "
+            f"{session.get('git_commit') or 'unknown'}{clocks}): kept {session.get('groups_kept')} "
+            f"finished groups, measured the rest"
+        )
     settings = env.get("settings", {})
     if settings:
         lines.append("- settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
@@ -225,8 +288,10 @@ def tolerance_line(kernel_names) -> str:
     mapped = [KERNELS[name] for name in MAP_KERNELS if name in present]
     if mapped:
         by_tolerance.setdefault(tuple(mapped[0].tolerances.items()), []).append("fa4_h15_t*_b*")
-    parts = [", ".join(names) + ": " + ", ".join(f"{dtype} {tol:g}" for dtype, tol in tolerances)
-             for tolerances, names in by_tolerance.items()]
+    parts = [
+        ", ".join(names) + ": " + ", ".join(f"{dtype} {tol:g}" for dtype, tol in tolerances)
+        for tolerances, names in by_tolerance.items()
+    ]
     return "gate tolerances (bench/kernels.py, Note [Gate tolerances]): " + "; ".join(parts)
 
 
@@ -234,9 +299,17 @@ def markdown_report(doc: dict) -> str:
     env, rows = doc["env"], doc["rows"]
     gpu = env.get("gpu")
     title = gpu["name"] if isinstance(gpu, dict) else "unknown GPU"
-    parts = [f"# Attention forward benchmark: {title}", "", *environment_lines(env),
-             f"- {FLOPS_FORMULA}", f"- {SPEEDUP_DEFINITION}", f"- {GATE_DEFINITION}", f"- {tolerance_line(r['kernel'] for r in rows)}",
-             f"- batch * seqlen = {TOKENS} tokens, {HEADS_Q} query heads unless stated", ""]
+    parts = [
+        f"# Attention forward benchmark: {title}",
+        "",
+        *environment_lines(env),
+        f"- {FLOPS_FORMULA}",
+        f"- {SPEEDUP_DEFINITION}",
+        f"- {GATE_DEFINITION}",
+        f"- {tolerance_line(r['kernel'] for r in rows)}",
+        f"- batch * seqlen = {TOKENS} tokens, {HEADS_Q} query heads unless stated",
+        "",
+    ]
     for mask in ("causal", "non-causal"):
         table = seqlen_pivot(rows, mask)
         if table:
@@ -244,16 +317,25 @@ def markdown_report(doc: dict) -> str:
     for mask in ("causal", "non-causal"):
         table = map_pivot(rows, mask)
         if table:
-            parts += [f"## fa4_h15: rescale_threshold x beta at {format_seqlen(FOCUS_SEQLEN)}, {mask}, bf16, "
-                      "head dim 128 (speed-up vs FA4 stock)", "", table, ""]
+            parts += [
+                f"## fa4_h15: rescale_threshold x beta at {format_seqlen(FOCUS_SEQLEN)}, {mask}, bf16, "
+                "head dim 128 (speed-up vs FA4 stock)",
+                "",
+                table,
+                "",
+            ]
     fp8_shapes = sorted({(r["head_dim"], r["heads_kv"]) for r in rows if r["dtype"] == "fp8"}, reverse=True)
     for head_dim, heads_kv in fp8_shapes:
         for mask in ("causal", "non-causal"):
             table = fp8_pivot(rows, mask, head_dim, heads_kv)
             if table:
-                parts += [f"## FP8: {mask}, head dim {head_dim}, heads {HEADS_Q}/{heads_kv} (TFLOPS; ratios from "
-                          "the same rounds; gemm_fp8 is the e4m3 GEMM ceiling, fa4_fp8_exact_noexp a cost probe)",
-                          "", table, ""]
+                parts += [
+                    f"## FP8: {mask}, head dim {head_dim}, heads {HEADS_Q}/{heads_kv} (TFLOPS; ratios from "
+                    "the same rounds; gemm_fp8 is the e4m3 GEMM ceiling, fa4_fp8_exact_noexp a cost probe)",
+                    "",
+                    table,
+                    "",
+                ]
     parts += ["## All rows", "", rows_table(rows), ""]
     return "\n".join(parts)
 
@@ -262,14 +344,16 @@ def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
     """PNG files (Agg backend) written, or a sentence saying why there are none."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
         return f"plots skipped: matplotlib not importable ({exc}); regenerate with python -m bench.report"
     rows = doc["rows"]
     written = []
-    masks = [m for m in ("causal", "non-causal")
-             if any(_is_main(r) and r["mask"] == m and r["status"] == "ok" for r in rows)]
+    masks = [
+        m for m in ("causal", "non-causal") if any(_is_main(r) and r["mask"] == m and r["status"] == "ok" for r in rows)
+    ]
     if masks:
         # Top row: the band around FA4 stock, linear (the FA4 variants and peers differ by a few percent);
         # bottom row: every kernel on a log scale (aiter_fused on Hopper sits at a few percent of FA4).
@@ -279,18 +363,35 @@ def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
         colours = plt.get_cmap("tab20").colors
         styles = {"fa4": "-", "aiter_fused": "--", "sdpa": ":"}
         for column, mask in enumerate(masks):
-            ok = [r for r in rows if _is_main(r) and r["mask"] == mask and r["status"] == "ok"
-                  and r["kernel"] not in MAP_KERNELS and r["speedup_vs_fa4_stock"] is not None]
+            ok = [
+                r
+                for r in rows
+                if _is_main(r)
+                and r["mask"] == mask
+                and r["status"] == "ok"
+                and r["kernel"] not in MAP_KERNELS
+                and r["speedup_vs_fa4_stock"] is not None
+            ]
             for kernel in dict.fromkeys(r["kernel"] for r in ok):
                 series = sorted((r for r in ok if r["kernel"] == kernel), key=lambda r: r["seqlen"])
                 x = [r["seqlen"] for r in series]
                 y = [r["speedup_vs_fa4_stock"] for r in series]
-                err = [[yi - r["speedup_spread"]["q1"] for yi, r in zip(y, series)],
-                       [r["speedup_spread"]["q3"] - yi for yi, r in zip(y, series)]]
+                err = [
+                    [yi - r["speedup_spread"]["q1"] for yi, r in zip(y, series)],
+                    [r["speedup_spread"]["q3"] - yi for yi, r in zip(y, series)],
+                ]
                 for ax in axes[:, column]:
-                    ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=kernel,
-                                color=colours[kernels.index(kernel) % len(colours)],
-                                linestyle=styles.get(series[0]["family"], "-"))
+                    ax.errorbar(
+                        x,
+                        y,
+                        yerr=err,
+                        marker="o",
+                        ms=4,
+                        capsize=3,
+                        label=kernel,
+                        color=colours[kernels.index(kernel) % len(colours)],
+                        linestyle=styles.get(series[0]["family"], "-"),
+                    )
             ticks = sorted({r["seqlen"] for r in ok})
             for row, ax in enumerate(axes[:, column]):
                 ax.set_xscale("log", base=2)
@@ -313,12 +414,25 @@ def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
         plt.close(fig)
         written.append(path)
     for mask in ("causal", "non-causal"):
-        cell = {r["kernel"]: r for r in rows if _is_main(r) and r["mask"] == mask and r["seqlen"] == FOCUS_SEQLEN
-                and r["kernel"] in MAP_KERNELS and r["status"] == "ok" and r["speedup_vs_fa4_stock"] is not None}
+        cell = {
+            r["kernel"]: r
+            for r in rows
+            if _is_main(r)
+            and r["mask"] == mask
+            and r["seqlen"] == FOCUS_SEQLEN
+            and r["kernel"] in MAP_KERNELS
+            and r["status"] == "ok"
+            and r["speedup_vs_fa4_stock"] is not None
+        }
         if not cell:
             continue
-        grid = [[cell[h15_map_name(t, b)]["speedup_vs_fa4_stock"] if h15_map_name(t, b) in cell else math.nan
-                 for b in H15_BETAS] for t in H15_THRESHOLDS]
+        grid = [
+            [
+                cell[h15_map_name(t, b)]["speedup_vs_fa4_stock"] if h15_map_name(t, b) in cell else math.nan
+                for b in H15_BETAS
+            ]
+            for t in H15_THRESHOLDS
+        ]
         from matplotlib.colors import TwoSlopeNorm
 
         values = [v for line in grid for v in line if math.isfinite(v)]

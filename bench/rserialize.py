@@ -35,8 +35,14 @@ REFSXP = 255
 SYMSXP, LISTSXP, LANGSXP = 1, 2, 6
 CHARSXP, LGLSXP, INTSXP, REALSXP, STRSXP, VECSXP, EXPRSXP = 9, 10, 13, 14, 16, 19, 20
 # Singletons that carry no payload: global / empty / base environments, unbound and missing markers.
-_SINGLETONS = {253: "<GlobalEnv>", 242: "<EmptyEnv>", 241: "<BaseEnv>", 252: "<unbound>", 251: "<missing>",
-               250: "<BaseNamespace>"}
+_SINGLETONS = {
+    253: "<GlobalEnv>",
+    242: "<EmptyEnv>",
+    241: "<BaseEnv>",
+    252: "<unbound>",
+    251: "<missing>",
+    250: "<BaseNamespace>",
+}
 NA_INTEGER = -(2**31)
 _IS_OBJECT, _HAS_ATTR, _HAS_TAG = 1 << 8, 1 << 9, 1 << 10
 _LATIN1, _BYTES = 1 << 2, 1 << 1
@@ -68,7 +74,9 @@ class _Reader:
 
     def _take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
-            raise RSerializationError(f"truncated stream: need {n} bytes at offset {self.pos}, have {len(self.data) - self.pos}")
+            raise RSerializationError(
+                f"truncated stream: need {n} bytes at offset {self.pos}, have {len(self.data) - self.pos}"
+            )
         chunk = self.data[self.pos : self.pos + n]
         self.pos += n
         return chunk
@@ -210,8 +218,10 @@ def read_lazyload_db(base: Path | str) -> dict:
     """Every variable of a lazy-load database `base.rdb` / `base.rdx`, by name, in the index's order."""
     base = Path(base)
     rdb = base.with_suffix(".rdb").read_bytes()
-    return {name: read_lazyload_record(rdb, offset, length)
-            for name, (offset, length) in read_lazyload_index(base.with_suffix(".rdx")).items()}
+    return {
+        name: read_lazyload_record(rdb, offset, length)
+        for name, (offset, length) in read_lazyload_index(base.with_suffix(".rdx")).items()
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------

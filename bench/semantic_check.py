@@ -30,9 +30,16 @@ class SemanticCheck:
     reason: str
 
     def as_dict(self) -> dict:
-        return {"kind": "semantic", "passed": self.passed, "worst_excess": self.worst_excess,
-                "max_abs_err": self.max_error, "fragile_elements": self.fragile_elements,
-                "decision_rows": self.decision_rows, "rows": self.rows, "reason": self.reason}
+        return {
+            "kind": "semantic",
+            "passed": self.passed,
+            "worst_excess": self.worst_excess,
+            "max_abs_err": self.max_error,
+            "fragile_elements": self.fragile_elements,
+            "decision_rows": self.decision_rows,
+            "rows": self.rows,
+            "reason": self.reason,
+        }
 
 
 def stage_config(knobs: dict, q: torch.Tensor, arch: int | None = None):
@@ -40,9 +47,16 @@ def stage_config(knobs: dict, q: torch.Tensor, arch: int | None = None):
     from fa4_rowmax.interface import SoftmaxStage, softmax_stage
 
     knobs = dict(knobs)
-    stage = softmax_stage(knobs.pop("softmax_mode", "exact"), knobs.pop("rescale_threshold", None),
-                          knobs.pop("beta", None), anchor_rounding=knobs.pop("anchor_rounding", "exact"),
-                          rescale_vote=knobs.pop("rescale_vote", False)) or SoftmaxStage()
+    stage = (
+        softmax_stage(
+            knobs.pop("softmax_mode", "exact"),
+            knobs.pop("rescale_threshold", None),
+            knobs.pop("beta", None),
+            anchor_rounding=knobs.pop("anchor_rounding", "exact"),
+            rescale_vote=knobs.pop("rescale_vote", False),
+        )
+        or SoftmaxStage()
+    )
     if knobs:
         raise ValueError(f"unknown FA4 stage arguments {sorted(knobs)}")
     if arch is None:
@@ -51,8 +65,16 @@ def stage_config(knobs: dict, q: torch.Tensor, arch: int | None = None):
     return stage.for_kernel(arch=arch, q_dtype=q.dtype).reference_config(tile_n=FA4_TILE_N)
 
 
-def semantic_check(knobs: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   out: torch.Tensor, rows: int = CHECK_ROWS, arch: int | None = None) -> SemanticCheck:
+def semantic_check(
+    knobs: dict,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    out: torch.Tensor,
+    rows: int = CHECK_ROWS,
+    arch: int | None = None,
+) -> SemanticCheck:
     """`out` (the kernel's, (B, Sq, Hq, D)) against the reference of its stage on the last `rows` rows of entry 0."""
     from fa4_rowmax.gates.tolerances import kernel_bounds
     from fa4_rowmax.reference.attention import attention_reference
@@ -64,12 +86,21 @@ def semantic_check(knobs: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     bounds = kernel_bounds(q_rows, k0, v0, config, causal=causal, out_dtype=out.dtype)
     got = out[:1, -rows:].float()
     if not torch.isfinite(got).all():
-        return SemanticCheck(False, float("inf"), float("inf"), bounds.fragile_elements, bounds.decision_rows, rows,
-                             "non-finite output")
+        return SemanticCheck(
+            False, float("inf"), float("inf"), bounds.fragile_elements, bounds.decision_rows, rows, "non-finite output"
+        )
     error = (got - ref_out.float()).abs().amax(-1, keepdim=True)
     excess = float((error - bounds.out.to(error.device)).max())
     passed = excess <= 0 and bounds.decision_rows <= 0.01 * bounds.lse.numel()
-    reason = "" if passed else (f"a row exceeds its bound by {excess:.3g}" if excess > 0
-                                else f"{bounds.decision_rows} rows at a threshold decision")
-    return SemanticCheck(passed, excess, float(error.max()), bounds.fragile_elements, bounds.decision_rows, rows,
-                         reason)
+    reason = (
+        ""
+        if passed
+        else (
+            f"a row exceeds its bound by {excess:.3g}"
+            if excess > 0
+            else f"{bounds.decision_rows} rows at a threshold decision"
+        )
+    )
+    return SemanticCheck(
+        passed, excess, float(error.max()), bounds.fragile_elements, bounds.decision_rows, rows, reason
+    )

@@ -18,8 +18,16 @@ import fnmatch
 import re
 from typing import Iterable, Sequence
 
-from bench.kernels import (BASELINE, DEFAULT_KERNELS, FP8_KERNELS, FP8_LEVER_KERNELS, FP8_MAP_KERNELS, KERNELS,
-                           MAP_KERNELS, QUICK_KERNELS)
+from bench.kernels import (
+    BASELINE,
+    DEFAULT_KERNELS,
+    FP8_KERNELS,
+    FP8_LEVER_KERNELS,
+    FP8_MAP_KERNELS,
+    KERNELS,
+    MAP_KERNELS,
+    QUICK_KERNELS,
+)
 
 TOKENS = 32 * 1024
 HEADS_Q = 16
@@ -75,15 +83,29 @@ class Shape:
         return f"{format_seqlen(self.seqlen)} {self.mask} {self.dtype} d{self.head_dim} {heads} b{self.batch}"
 
 
-def make_shape(seqlen: int, causal: bool, dtype: str = "bf16", head_dim: int = 128,
-               heads_q: int = HEADS_Q, heads_kv: int | None = None, tokens: int = TOKENS) -> Shape:
+def make_shape(
+    seqlen: int,
+    causal: bool,
+    dtype: str = "bf16",
+    head_dim: int = 128,
+    heads_q: int = HEADS_Q,
+    heads_kv: int | None = None,
+    tokens: int = TOKENS,
+) -> Shape:
     """A shape with `batch` chosen so that `batch * seqlen` stays at `tokens` (Note [Constant tokens])."""
     if not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be a positive int, got {tokens!r}")
     if not isinstance(seqlen, int) or seqlen < 1:
         raise ValueError(f"seqlen must be a positive int, got {seqlen!r}")
-    return Shape(seqlen=seqlen, causal=causal, dtype=dtype, head_dim=head_dim, heads_q=heads_q,
-                 heads_kv=heads_q if heads_kv is None else heads_kv, batch=max(1, tokens // seqlen))
+    return Shape(
+        seqlen=seqlen,
+        causal=causal,
+        dtype=dtype,
+        head_dim=head_dim,
+        heads_q=heads_q,
+        heads_kv=heads_q if heads_kv is None else heads_kv,
+        batch=max(1, tokens // seqlen),
+    )
 
 
 def attention_flops(shape: Shape) -> float:
@@ -130,8 +152,14 @@ def select_kernels(patterns: Iterable[str], names: Sequence[str]) -> list[str]:
     return [name for name in names if name in selected]
 
 
-def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seqlens: Sequence[int] | None = None,
-               map_masks: str = "causal", fp8: bool = False) -> list[Group]:
+def build_plan(
+    *,
+    quick: bool,
+    kernel_patterns: Sequence[str] | None = None,
+    seqlens: Sequence[int] | None = None,
+    map_masks: str = "causal",
+    fp8: bool = False,
+) -> list[Group]:
     """The groups to run, most informative first (so a run cut short by its time budget keeps them).
 
     quick: bf16, head dim 128, MHA, both masks at `seqlens` (default 8K and 2K), `QUICK_KERNELS`.
@@ -189,12 +217,19 @@ def build_plan(*, quick: bool, kernel_patterns: Sequence[str] | None = None, seq
 def _fp8_plan(seqlens: list[int], map_masks: str, group) -> list[Group]:
     map_causal = {"causal": (True,), "non-causal": (False,), "both": (True, False), "none": ()}[map_masks]
     kernels = (BASELINE,) + FP8_KERNELS
-    shapes = [make_shape(s, c, dtype="fp8", head_dim=d, heads_kv=kv)
-              for d in FP8_HEAD_DIMS for kv in (HEADS_Q, GQA_HEADS_KV) for s in seqlens for c in (True, False)]
+    shapes = [
+        make_shape(s, c, dtype="fp8", head_dim=d, heads_kv=kv)
+        for d in FP8_HEAD_DIMS
+        for kv in (HEADS_Q, GQA_HEADS_KV)
+        for s in seqlens
+        for c in (True, False)
+    ]
     # the goal's shapes first, so a run cut short by its time budget keeps them
     first = [s for s in shapes if s.head_dim == 128 and not s.is_gqa and s.seqlen in FP8_FOCUS_SEQLENS]
     plan = []
     for shape in first + [s for s in shapes if s not in first]:
-        with_map = shape.seqlen == FOCUS_SEQLEN and shape.head_dim == 128 and not shape.is_gqa and shape.causal in map_causal
+        with_map = (
+            shape.seqlen == FOCUS_SEQLEN and shape.head_dim == 128 and not shape.is_gqa and shape.causal in map_causal
+        )
         plan.append(group(shape, kernels + (FP8_MAP_KERNELS + FP8_LEVER_KERNELS if with_map else ())))
     return plan

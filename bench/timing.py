@@ -55,8 +55,9 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     return {"min": min(values), "q1": q1, "median": statistics.median(values), "q3": q3, "max": max(values)}
 
 
-def per_round_speedups(baseline_rounds: Sequence[Sequence[float]],
-                       kernel_rounds: Sequence[Sequence[float]]) -> list[float]:
+def per_round_speedups(
+    baseline_rounds: Sequence[Sequence[float]], kernel_rounds: Sequence[Sequence[float]]
+) -> list[float]:
     """Per round: the baseline's median time over the kernel's (> 1 means the kernel is faster)."""
     if len(baseline_rounds) != len(kernel_rounds):
         raise ValueError(f"round counts differ: baseline {len(baseline_rounds)}, kernel {len(kernel_rounds)}")
@@ -83,9 +84,15 @@ def round_orders(names: Sequence[str], rounds: int, seed: int) -> list[list[str]
     return orders
 
 
-def time_interleaved(launchers: Mapping[str, Sequence[Callable[[], object]]], *, rounds: int,
-                     calls_per_round: int, warmup: int, seed: int,
-                     on_round: Callable[[int], None] | None = None) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
+def time_interleaved(
+    launchers: Mapping[str, Sequence[Callable[[], object]]],
+    *,
+    rounds: int,
+    calls_per_round: int,
+    warmup: int,
+    seed: int,
+    on_round: Callable[[int], None] | None = None,
+) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
     """Time every kernel of a group in interleaved rounds on the current CUDA device.
 
     `launchers[name]` holds one zero-argument launch per rotating input set (the same sets for every

@@ -49,9 +49,7 @@ class Subject:
 
 
 def _reference_backend(mode: str, rescale_threshold: float = 0.0) -> Backend:
-    return functools.partial(
-        attention_reference, config=SoftmaxConfig(mode=mode, rescale_threshold=rescale_threshold)
-    )
+    return functools.partial(attention_reference, config=SoftmaxConfig(mode=mode, rescale_threshold=rescale_threshold))
 
 
 def _fp8_reference_backend() -> Backend:
@@ -149,14 +147,25 @@ def _resolve_device(parser: argparse.ArgumentParser, device: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fa4_rowmax", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                        help="where to run: cpu gates the semantic reference; cuda also the FA4 kernel (default auto)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="auto",
+        help="where to run: cpu gates the semantic reference; cuda also the FA4 kernel (default auto)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every gate and check as JSON here")
-    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
-                        help=f"gate seeds (default {' '.join(map(str, CPU_SEEDS))} on cpu, "
-                             f"{' '.join(map(str, GPU_SEEDS))} on cuda)")
-    parser.add_argument("--reference-only", action="store_true",
-                        help="on cuda, gate the reference alone (the GPU simulation) and do not load the FA4 kernels")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="SEED",
+        help=f"gate seeds (default {' '.join(map(str, CPU_SEEDS))} on cpu, {' '.join(map(str, GPU_SEEDS))} on cuda)",
+    )
+    parser.add_argument(
+        "--reference-only",
+        action="store_true",
+        help="on cuda, gate the reference alone (the GPU simulation) and do not load the FA4 kernels",
+    )
     args = parser.parse_args(argv)
     device = _resolve_device(parser, args.device)
     seeds = tuple(args.seeds) if args.seeds else (CPU_SEEDS if device == "cpu" else GPU_SEEDS)

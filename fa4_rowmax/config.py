@@ -110,9 +110,7 @@ class SoftmaxConfig:
             raise ValueError(f"SoftmaxConfig.p_dtype must be None or one of {P_DTYPES}, got {self.p_dtype!r}")
         _check_choice("anchor", self.anchor, ANCHORS)
         if self.anchor == "row" and self.mode not in ANCHORED_MODES:
-            raise ValueError(
-                f"SoftmaxConfig.anchor='row' applies to modes {ANCHORED_MODES}, not mode={self.mode!r}"
-            )
+            raise ValueError(f"SoftmaxConfig.anchor='row' applies to modes {ANCHORED_MODES}, not mode={self.mode!r}")
         _check_int("pot_k_max", self.pot_k_max, 0, POT_K_MAX_LIMIT)
         if self.beta is not None:
             _check_real("beta", self.beta, 0.0, 1.0)

@@ -73,8 +73,10 @@ def _check_descale(name: str, d, batch: int, heads_kv: int, device) -> torch.Ten
         return None
     if not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or tuple(d.shape) != (batch, heads_kv):
         got = f"{d.dtype} {tuple(d.shape)}" if isinstance(d, torch.Tensor) else type(d).__name__
-        raise ValueError(f"{name} must be None or a torch.float32 tensor of shape (batch, heads_kv) = "
-                         f"({batch}, {heads_kv}), got {got}")
+        raise ValueError(
+            f"{name} must be None or a torch.float32 tensor of shape (batch, heads_kv) = "
+            f"({batch}, {heads_kv}), got {got}"
+        )
     if d.device != device:
         raise ValueError(f"{name} must be on {device}, got {d.device}")
     return d.contiguous()
@@ -89,16 +91,25 @@ def check_range_rule(softmax_mode: str, rescale_threshold: float) -> None:
             f"rescale_threshold={rescale_threshold} with softmax_mode={softmax_mode!r} lets P reach "
             f"2**{top:.3f} > 448 (e4m3 max): max_offset {FP8_MAX_OFFSET} + rescale_threshold + round-up "
             f"{LOG2_ROUND_UP[softmax_mode]:.3f} must stay below log2(448) = {math.log2(E4M3_MAX):.3f}; "
-            f"accepted: 0 <= rescale_threshold < {limit:.3f}")
+            f"accepted: 0 <= rescale_threshold < {limit:.3f}"
+        )
 
 
 ANCHOR_ROUNDINGS = ("exact", "half_octave")
 ROW_SUMS = ("fadd", "mma")
 
 
-def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool, exp2_deleted: bool = False,
-                  anchor_rounding: str = "exact", row_sum: str = "fadd", rescale_vote: bool = False,
-                  clamp: str = "max") -> Fp8Stage:
+def resolve_stage(
+    softmax_mode: str,
+    rescale_threshold,
+    beta,
+    has_descale: bool,
+    exp2_deleted: bool = False,
+    anchor_rounding: str = "exact",
+    row_sum: str = "fadd",
+    rescale_vote: bool = False,
+    clamp: str = "max",
+) -> Fp8Stage:
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
     if beta is not None:
@@ -121,9 +132,16 @@ def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool,
         raise ValueError(f"clamp must be one of {CLAMPS}, got {clamp!r}")
     if clamp == "sat" and (softmax_mode != "rowmax_h15" or anchor_rounding != "exact"):
         raise ValueError("clamp='sat' applies to softmax_mode='rowmax_h15' with anchor_rounding='exact' only")
-    return Fp8Stage(mode=softmax_mode, rescale_threshold=threshold, exp2_deleted=exp2_deleted,
-                    has_descale=has_descale, anchor_rounding=anchor_rounding, row_sum=row_sum,
-                    rescale_vote=rescale_vote, clamp=clamp)
+    return Fp8Stage(
+        mode=softmax_mode,
+        rescale_threshold=threshold,
+        exp2_deleted=exp2_deleted,
+        has_descale=has_descale,
+        anchor_rounding=anchor_rounding,
+        row_sum=row_sum,
+        rescale_vote=rescale_vote,
+        clamp=clamp,
+    )
 
 
 _compile_cache: dict = {}
@@ -153,10 +171,26 @@ def _compile(config: KernelConfig, q, k, vt, out, lse, descale):
     aux = AuxData([to_cute_tensor(descale, assumed_align=4, leading_dim=2)], None) if descale is not None else AuxData()
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        kernel, q_t, k_t, vt_t, o_t, lse_t, 1.0,
-        None, None, None, None, None,  # cu_seqlens_q/k, seqused_q/k, page_table
-        None, None, None, None,  # window left/right, learnable_sink, block sparsity
-        aux, None, None, stream,
+        kernel,
+        q_t,
+        k_t,
+        vt_t,
+        o_t,
+        lse_t,
+        1.0,
+        None,
+        None,
+        None,
+        None,
+        None,  # cu_seqlens_q/k, seqused_q/k, page_table
+        None,
+        None,
+        None,
+        None,  # window left/right, learnable_sink, block sparsity
+        aux,
+        None,
+        None,
+        stream,
         options="--enable-tvm-ffi",
     )
 
@@ -194,8 +228,9 @@ def flash_attn_fp8_sm90(
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, 4)
     if any(t.requires_grad for t in (q, k, v)):
-        raise ValueError("the SM90 FP8 forward is forward-only: q, k and v must not require grad "
-                         "(use torch.no_grad() or .detach())")
+        raise ValueError(
+            "the SM90 FP8 forward is forward-only: q, k and v must not require grad (use torch.no_grad() or .detach())"
+        )
     batch, seqlen_q, heads_q, head_dim = q.shape
     batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
     if tuple(v.shape) != tuple(k.shape):
@@ -207,25 +242,33 @@ def flash_attn_fp8_sm90(
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"heads of q ({heads_q}) must be a multiple of heads of k and v ({heads_kv})")
     if KernelConfig.tile_m % (heads_q // heads_kv) != 0:
-        raise ValueError(f"heads_q // heads_kv ({heads_q // heads_kv}) must divide {KernelConfig.tile_m} on the SM90 "
-                         f"FP8 path (GQA is packed into the {KernelConfig.tile_m}-row Q tile, loaded by TMA); "
-                         f"accepted ratios: 1, 2, 4, 8, 16, 32, 64, 128")
+        raise ValueError(
+            f"heads_q // heads_kv ({heads_q // heads_kv}) must divide {KernelConfig.tile_m} on the SM90 "
+            f"FP8 path (GQA is packed into the {KernelConfig.tile_m}-row Q tile, loaded by TMA); "
+            f"accepted ratios: 1, 2, 4, 8, 16, 32, 64, 128"
+        )
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-    descales = [_check_descale(n, d, batch, heads_kv, q.device)
-                for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    descales = [
+        _check_descale(n, d, batch, heads_kv, q.device)
+        for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    ]
     has_descale = any(d is not None for d in descales)
-    stage = resolve_stage(softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding,
-                          row_sum, rescale_vote, clamp)
+    stage = resolve_stage(
+        softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding, row_sum, rescale_vote, clamp
+    )
     if tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
     if stage.row_sum == "mma" and k.shape[1] > MMA_ROW_SUM_MAX_KEYS:
-        raise ValueError(f"row_sum='mma' is accepted for seqlen_k <= {MMA_ROW_SUM_MAX_KEYS} only "
-                         f"(Note [MMA row sum at long rows]); got seqlen_k {k.shape[1]}: use row_sum='fadd'")
+        raise ValueError(
+            f"row_sum='mma' is accepted for seqlen_k <= {MMA_ROW_SUM_MAX_KEYS} only "
+            f"(Note [MMA row sum at long rows]); got seqlen_k {k.shape[1]}: use row_sum='fadd'"
+        )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    config = KernelConfig(head_dim=head_dim, qhead_per_kvhead=heads_q // heads_kv, causal=bool(causal),
-                          stage=stage, tile_n=tile_n)
+    config = KernelConfig(
+        head_dim=head_dim, qhead_per_kvhead=heads_q // heads_kv, causal=bool(causal), stage=stage, tile_n=tile_n
+    )
 
     from flash_attn.cute.testing import is_fake_mode
 
@@ -239,8 +282,9 @@ def flash_attn_fp8_sm90(
         from fa4_rowmax.stage.v_transpose import padded_keys
 
         keys_padded = padded_keys(seqlen_k)
-        vt = torch.empty(batch, heads_kv, head_dim + row_sum_rows, keys_padded, dtype=v.dtype,
-                         device=v.device).permute(0, 3, 1, 2)
+        vt = torch.empty(batch, heads_kv, head_dim + row_sum_rows, keys_padded, dtype=v.dtype, device=v.device).permute(
+            0, 3, 1, 2
+        )
         descale = torch.empty(batch, heads_kv, 2, dtype=torch.float32, device=q.device) if has_descale else None
     else:
         from fa4_rowmax.stage.v_transpose import v_transpose
@@ -254,8 +298,26 @@ def flash_attn_fp8_sm90(
 
     aux = AuxData([descale], None) if descale is not None else AuxData()
     q_u8, k_u8, vt_u8 = (t.view(torch.uint8) for t in (q, k, vt))
-    _compile_cache[config](q_u8, k_u8, vt_u8, out, lse, float(softmax_scale),
-                           None, None, None, None, None, None, None, None, None, aux, None, None)
+    _compile_cache[config](
+        q_u8,
+        k_u8,
+        vt_u8,
+        out,
+        lse,
+        float(softmax_scale),
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        aux,
+        None,
+        None,
+    )
     return out, lse
 
 
@@ -279,10 +341,21 @@ def fp8_backend(softmax_mode: str = "rowmax_h15", **levers):
     return backend
 
 
-
-
-def fa4_sm90_fp8_forward(q, k, v, *, softmax_scale, causal, softmax_stage, q_descale=None, k_descale=None,
-                         v_descale=None, out=None, lse=None, features: dict | None = None):
+def fa4_sm90_fp8_forward(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale,
+    causal,
+    softmax_stage,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out=None,
+    lse=None,
+    features: dict | None = None,
+):
     """Routing entry for FA4's `_flash_attn_fwd` on SM90 with FP8 inputs; returns its 5-tuple (out, lse, None,
     None, None). `softmax_stage` is `fa4_rowmax.interface.SoftmaxStage` or None (exact); `features` maps FA4
     argument names to their values, each refused unless stock (interface.FEATURE_STOCK_VALUES)."""
@@ -293,10 +366,15 @@ def fa4_sm90_fp8_forward(q, k, v, *, softmax_scale, causal, softmax_stage, q_des
     mode = "exact"
     if softmax_stage is not None:
         mode = softmax_stage.mode
-        knobs = dict(rescale_threshold=softmax_stage.rescale_threshold, beta=softmax_stage.beta,
-                     anchor_rounding=softmax_stage.anchor_rounding, rescale_vote=softmax_stage.rescale_vote)
-    result_out, result_lse = flash_attn_fp8_sm90(q, k, v, softmax_scale, causal, mode, q_descale=q_descale,
-                                                 k_descale=k_descale, v_descale=v_descale, **knobs)
+        knobs = dict(
+            rescale_threshold=softmax_stage.rescale_threshold,
+            beta=softmax_stage.beta,
+            anchor_rounding=softmax_stage.anchor_rounding,
+            rescale_vote=softmax_stage.rescale_vote,
+        )
+    result_out, result_lse = flash_attn_fp8_sm90(
+        q, k, v, softmax_scale, causal, mode, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **knobs
+    )
     if out is not None:
         out.copy_(result_out)
         result_out = out

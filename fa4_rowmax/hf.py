@@ -53,6 +53,7 @@ KERNEL_PREFIX = "kernel_"
 E4M3_MAX = 448.0
 E4M3_TINY = 2.0**-6  # smallest normal
 
+
 @dataclass(frozen=True)
 class ModeSpec:
     """One softmax mode as the quality study names it."""
@@ -76,8 +77,9 @@ class ModeSpec:
         return SoftmaxConfig(**fields)
 
 
-def _fa4_mode(name: str, description: str, softmax_mode: str, reference_fields: dict | None = None,
-              **knobs) -> ModeSpec:
+def _fa4_mode(
+    name: str, description: str, softmax_mode: str, reference_fields: dict | None = None, **knobs
+) -> ModeSpec:
     """A mode FA4's kernel runs: the reference config and the kernel's arguments come from one set of knobs
     (`softmax_mode` plus `rescale_threshold` / `anchor_rounding`), so the two cannot disagree."""
     config_fields = {"mode": softmax_mode, "anchor": "tile", **knobs, **(reference_fields or {})}
@@ -89,8 +91,10 @@ def to_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """x in e4m3 with scale 1, saturating at +-448 (Note [FP8 modes in the study]), and the counters
     `fp8_saturated` (|x| > 448) and `fp8_below_normal` (0 < |x| < 2^-6)."""
     magnitude = x.abs()
-    counts = {"fp8_saturated": int((magnitude > E4M3_MAX).sum()),
-              "fp8_below_normal": int(((magnitude > 0) & (magnitude < E4M3_TINY)).sum())}
+    counts = {
+        "fp8_saturated": int((magnitude > E4M3_MAX).sum()),
+        "fp8_below_normal": int(((magnitude > 0) & (magnitude < E4M3_TINY)).sum()),
+    }
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), counts
 
 
@@ -115,47 +119,102 @@ def _fp8_sm90_kernel(spec: ModeSpec):
 
 def _fp8_mode(name: str, description: str, softmax_mode: str, **knobs) -> ModeSpec:
     """An FP8 mode: e4m3 inputs and P with FA4's FP8 max_offset, one set of knobs for reference and kernel."""
-    config_fields = {"mode": softmax_mode, "anchor": "tile", "max_offset": FP8_MAX_OFFSET,
-                     "p_dtype": torch.float8_e4m3fn, **knobs}
-    return ModeSpec(name, description, config_fields, "fp8_sm90", {"softmax_mode": softmax_mode, **knobs},
-                    kernel_factory=_fp8_sm90_kernel, fp8_inputs=True)
+    config_fields = {
+        "mode": softmax_mode,
+        "anchor": "tile",
+        "max_offset": FP8_MAX_OFFSET,
+        "p_dtype": torch.float8_e4m3fn,
+        **knobs,
+    }
+    return ModeSpec(
+        name,
+        description,
+        config_fields,
+        "fp8_sm90",
+        {"softmax_mode": softmax_mode, **knobs},
+        kernel_factory=_fp8_sm90_kernel,
+        fp8_inputs=True,
+    )
 
 
 def _mode_table() -> dict[str, ModeSpec]:
     specs = [
-        ModeSpec("exact_ref", "exact softmax through the reference, P in fp32 (should match sdpa to rounding)",
-                 {"mode": "exact"}, None),
-        _fa4_mode("exact_bf16p", "exact softmax with P rounded to bf16 before P@V (the floor every kernel pays)",
-                  "exact", reference_fields={"p_dtype": torch.bfloat16}),
-        _fa4_mode("rowmax_pot", "Rowmax-PoT, K_max 20, per-tile running max, rescale threshold 0", "rowmax_pot",
-                  rescale_threshold=0.0),
-        _fa4_mode("rowmax_h15_t0", "Rowmax-H15, per-tile running max, rescale threshold 0", "rowmax_h15",
-                  rescale_threshold=0.0),
-        _fa4_mode("rowmax_h15_t8", "Rowmax-H15, per-tile running max, rescale threshold 8 (FA4's 16-bit setting)",
-                  "rowmax_h15", rescale_threshold=8.0),
-        ModeSpec("rowmax_h15_row", "Rowmax-H15 anchored at the whole-row max (the control)",
-                 {"mode": "rowmax_h15", "anchor": "row"}, None),
+        ModeSpec(
+            "exact_ref",
+            "exact softmax through the reference, P in fp32 (should match sdpa to rounding)",
+            {"mode": "exact"},
+            None,
+        ),
+        _fa4_mode(
+            "exact_bf16p",
+            "exact softmax with P rounded to bf16 before P@V (the floor every kernel pays)",
+            "exact",
+            reference_fields={"p_dtype": torch.bfloat16},
+        ),
+        _fa4_mode(
+            "rowmax_pot",
+            "Rowmax-PoT, K_max 20, per-tile running max, rescale threshold 0",
+            "rowmax_pot",
+            rescale_threshold=0.0,
+        ),
+        _fa4_mode(
+            "rowmax_h15_t0",
+            "Rowmax-H15, per-tile running max, rescale threshold 0",
+            "rowmax_h15",
+            rescale_threshold=0.0,
+        ),
+        _fa4_mode(
+            "rowmax_h15_t8",
+            "Rowmax-H15, per-tile running max, rescale threshold 8 (FA4's 16-bit setting)",
+            "rowmax_h15",
+            rescale_threshold=8.0,
+        ),
+        ModeSpec(
+            "rowmax_h15_row",
+            "Rowmax-H15 anchored at the whole-row max (the control)",
+            {"mode": "rowmax_h15", "anchor": "row"},
+            None,
+        ),
     ]
     # Hopper's fold lever (docs/fa4_notes.md, Lever 1): the lattice anchored at the half octave nearest to the
     # max; its kernel is SM90 only (`interface.rowmax_attn_func` raises elsewhere).
     specs += [
-        _fa4_mode(f"rowmax_h15_fold_t{t}",
-                  f"Rowmax-H15, half-octave anchor (SM90 fold), per-tile running max, rescale threshold {t}",
-                  "rowmax_h15", rescale_threshold=float(t), anchor_rounding="half_octave")
+        _fa4_mode(
+            f"rowmax_h15_fold_t{t}",
+            f"Rowmax-H15, half-octave anchor (SM90 fold), per-tile running max, rescale threshold {t}",
+            "rowmax_h15",
+            rescale_threshold=float(t),
+            anchor_rounding="half_octave",
+        )
         for t in (0, 8)
     ]
     specs += [
-        _fp8_mode("exact_fp8", "exact softmax on e4m3 q/k/v (scale 1), P in e4m3 with FA4's max_offset 8 (SM90 FP8)",
-                  "exact"),
-        ModeSpec("exact_fp8_inputs", "exact softmax on e4m3 q/k/v (scale 1), P in fp32: the operands' share of the "
-                 "FP8 cost (control, reference only)", {"mode": "exact", "anchor": "tile", "p_dtype": torch.float32},
-                 None, fp8_inputs=True),
-        _fp8_mode("rowmax_h15_fp8", "Rowmax-H15 on e4m3 q/k/v, P's e4m3 bytes from the half-octave index (flushed "
-                  "below 2^-14 of the max), rescale threshold 0 (SM90 FP8)", "rowmax_h15", rescale_threshold=0.0),
+        _fp8_mode(
+            "exact_fp8", "exact softmax on e4m3 q/k/v (scale 1), P in e4m3 with FA4's max_offset 8 (SM90 FP8)", "exact"
+        ),
+        ModeSpec(
+            "exact_fp8_inputs",
+            "exact softmax on e4m3 q/k/v (scale 1), P in fp32: the operands' share of the "
+            "FP8 cost (control, reference only)",
+            {"mode": "exact", "anchor": "tile", "p_dtype": torch.float32},
+            None,
+            fp8_inputs=True,
+        ),
+        _fp8_mode(
+            "rowmax_h15_fp8",
+            "Rowmax-H15 on e4m3 q/k/v, P's e4m3 bytes from the half-octave index (flushed "
+            "below 2^-14 of the max), rescale threshold 0 (SM90 FP8)",
+            "rowmax_h15",
+            rescale_threshold=0.0,
+        ),
     ]
     specs += [
-        ModeSpec(f"baps_l{lam}", f"BAPS, HiF8 scores and P, restart threshold lambda {lam}",
-                 {"mode": "baps", "baps_lambda": lam}, None)
+        ModeSpec(
+            f"baps_l{lam}",
+            f"BAPS, HiF8 scores and P, restart threshold lambda {lam}",
+            {"mode": "baps", "baps_lambda": lam},
+            None,
+        )
         for lam in (0, 1, 2)
     ]
     return {s.name: s for s in specs}
@@ -360,8 +419,10 @@ def make_attention_function(mode: str, backend: str = "reference", modes: dict[s
             raise ValueError(f"dropout must be 0 ({mode} is inference-only), got {dropout}")
         for unsupported in ("softcap", "sliding_window", "s_aux"):
             if kwargs.get(unsupported) is not None:
-                raise ValueError(f"{unsupported} must be None for attention mode {mode!r} (not supported), "
-                                 f"got {kwargs[unsupported]!r}")
+                raise ValueError(
+                    f"{unsupported} must be None for attention mode {mode!r} (not supported), "
+                    f"got {kwargs[unsupported]!r}"
+                )
         is_causal = kwargs.get("is_causal")
         is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
         state = getattr(module, STATE_ATTRIBUTE, None)
@@ -376,7 +437,13 @@ def make_attention_function(mode: str, backend: str = "reference", modes: dict[s
             for b, (q_valid, k_valid) in enumerate(valid):
                 if q_valid.any() and k_valid.any():
                     out[b, q_valid] = run(
-                        module, q[b : b + 1, q_valid], k[b : b + 1, k_valid], v[b : b + 1, k_valid], causal, scale, state
+                        module,
+                        q[b : b + 1, q_valid],
+                        k[b : b + 1, k_valid],
+                        v[b : b + 1, k_valid],
+                        causal,
+                        scale,
+                        state,
                     )[0]
         return out, None
 

@@ -69,15 +69,19 @@ def refuse_untested_features(features: dict, *, where: str, accepted: str, teste
         stock = FEATURE_STOCK_VALUES[name]
         if name in tested or value is stock or (stock is not None and value == stock):
             continue
-        raise ValueError(f"{name} is not supported {where} (no GPU test covers it yet); accepted: {name}={stock!r}"
-                         f"{accepted}")
+        raise ValueError(
+            f"{name} is not supported {where} (no GPU test covers it yet); accepted: {name}={stock!r}{accepted}"
+        )
 
 
 def check_features(mode: str, features: dict) -> None:
     """The features a softmax stage refuses (Note [Features allowed with a softmax stage])."""
     refuse_untested_features(
-        features, where=f"with softmax_mode={mode!r} and its knobs", tested=FEATURES_TESTED,
-        accepted=", or softmax_mode='exact' with rescale_threshold=None and beta=None (stock FA4, every feature)")
+        features,
+        where=f"with softmax_mode={mode!r} and its knobs",
+        tested=FEATURES_TESTED,
+        accepted=", or softmax_mode='exact' with rescale_threshold=None and beta=None (stock FA4, every feature)",
+    )
 
 
 def _log2_dtype_max(q_dtype: torch.dtype) -> float:
@@ -86,8 +90,9 @@ def _log2_dtype_max(q_dtype: torch.dtype) -> float:
     from flash_attn.cute.interface import torch2cute_dtype_map
 
     if q_dtype not in torch2cute_dtype_map or torch2cute_dtype_map[q_dtype] not in _LOG2_DTYPE_MAX:
-        raise ValueError(f"q dtype must be one of {sorted(map(str, torch2cute_dtype_map))} for a softmax stage; "
-                         f"got {q_dtype}")
+        raise ValueError(
+            f"q dtype must be one of {sorted(map(str, torch2cute_dtype_map))} for a softmax stage; got {q_dtype}"
+        )
     return _LOG2_DTYPE_MAX[torch2cute_dtype_map[q_dtype]]
 
 
@@ -158,17 +163,29 @@ class SoftmaxStage:
                 f"({LOG2_ROUND_UP[self.mode]:.3f} octaves) must stay below log2 of the P dtype's max "
                 f"({bound:.3f}); accepted: rescale_threshold < {bound - max_offset - LOG2_ROUND_UP[self.mode]:.3f}"
             )
-        return replace(self, rescale_threshold=float(threshold), arch=arch, max_offset=max_offset,
-                       q_dtype=q_dtype, threshold_from_fa4=self.rescale_threshold is None)
+        return replace(
+            self,
+            rescale_threshold=float(threshold),
+            arch=arch,
+            max_offset=max_offset,
+            q_dtype=q_dtype,
+            threshold_from_fa4=self.rescale_threshold is None,
+        )
 
     def reference_config(self, *, tile_n: int) -> SoftmaxConfig:
         """The semantic reference's configuration for this resolved stage: the values the kernel computes
         with (mode, the resolved threshold, FA4's max_offset, P in the input dtype, the anchor rounding);
         `tile_n` is the kernel's key-block size (128 for FA4's SM90/SM100 forward at head dim <= 128)."""
         self._check_resolved()
-        return SoftmaxConfig(mode=self.mode, tile_n=tile_n, rescale_threshold=self.rescale_threshold,
-                             max_offset=self.max_offset, p_dtype=self.q_dtype, beta=self.beta,
-                             anchor_rounding=self.anchor_rounding)
+        return SoftmaxConfig(
+            mode=self.mode,
+            tile_n=tile_n,
+            rescale_threshold=self.rescale_threshold,
+            max_offset=self.max_offset,
+            p_dtype=self.q_dtype,
+            beta=self.beta,
+            anchor_rounding=self.anchor_rounding,
+        )
 
     @property
     def ldred_row_max_nan(self) -> bool:
@@ -185,12 +202,14 @@ class SoftmaxStage:
         stock_offset = getattr(softmax, "max_offset", 0)
         assert int(stock_offset) == self.max_offset, (
             f"FA4 built its softmax with max_offset {stock_offset}; fa4_rowmax resolved {self.max_offset} "
-            "(fa4_max_offset has drifted from FA4's rule)")
+            "(fa4_max_offset has drifted from FA4's rule)"
+        )
         if self.threshold_from_fa4:
             stock_threshold = getattr(softmax, "rescale_threshold", 0.0)
             assert float(stock_threshold) == self.rescale_threshold, (
                 f"FA4 built its softmax with rescale_threshold {stock_threshold}; fa4_rowmax resolved "
-                f"{self.rescale_threshold} (fa4_default_rescale_threshold has drifted from FA4's rule)")
+                f"{self.rescale_threshold} (fa4_default_rescale_threshold has drifted from FA4's rule)"
+            )
 
     def sm90(self, softmax):
         """The SM90 kernel's `Softmax`, replaced by `RowmaxSoftmaxSm90` with this stage's knobs."""
@@ -313,7 +332,9 @@ def rowmax_attn_func(
         softmax_mode, rescale_threshold, beta, anchor_rounding=anchor_rounding, rescale_vote=rescale_vote
     )
     if not is_fa4_patched():
-        raise RuntimeError("rowmax_attn_func needs the patched FlashAttention-4: run `python -m fa4_rowmax.patching apply`")
+        raise RuntimeError(
+            "rowmax_attn_func needs the patched FlashAttention-4: run `python -m fa4_rowmax.patching apply`"
+        )
     from flash_attn.cute.interface import _flash_attn_fwd
 
     out, lse, *_ = _flash_attn_fwd(
@@ -361,4 +382,3 @@ def fa4_backend(
 
     backend.__name__ = f"fa4_{softmax_mode}"
     return backend
-

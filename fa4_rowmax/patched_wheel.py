@@ -24,13 +24,24 @@ LOCAL_LABEL = "rowmax"
 
 def download_pinned(dest: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
-         f"flash-attn-4=={fa4_patch.PINNED_VERSION}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+            f"flash-attn-4=={fa4_patch.PINNED_VERSION}",
+        ],
         check=True,
     )
     wheels = sorted(dest.glob(f"{fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION}-*.whl"))
     if not wheels:
-        raise fa4_patch.PatchError(f"pip download left no {fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION} wheel in {dest}")
+        raise fa4_patch.PatchError(
+            f"pip download left no {fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION} wheel in {dest}"
+        )
     return wheels[0]
 
 
@@ -54,8 +65,9 @@ def build(wheel: Path, out: Path) -> Path:
         (info.parent / f"{fa4_patch.DIST_NAME}-{version}.dist-info" / "RECORD").unlink()  # `wheel pack` rewrites it
         before = set(out.glob("*.whl"))
         subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)], check=True)
-    built = sorted(set(out.glob(f"{fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION}+{LOCAL_LABEL}-*.whl")) - before) or \
-        sorted(out.glob(f"{fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION}+{LOCAL_LABEL}-*.whl"))
+    built = sorted(
+        set(out.glob(f"{fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION}+{LOCAL_LABEL}-*.whl")) - before
+    ) or sorted(out.glob(f"{fa4_patch.DIST_NAME}-{fa4_patch.PINNED_VERSION}+{LOCAL_LABEL}-*.whl"))
     return built[-1]
 
 

@@ -254,8 +254,11 @@ def main(argv: list[str] | None = None) -> int:
             fn(site, dry_run=True)  # every hunk must fit before anything is written
             changed = fn(site, dry_run=args.dry_run)
             verb = "would change" if args.dry_run else "changed"
-            print(f"{args.command}: {verb} {len(changed)} file(s) in {site}" + "".join(f"\n  {c}" for c in changed)
-                  + ("" if changed else f" (already {'patched' if args.command == 'apply' else 'stock'})"))
+            print(
+                f"{args.command}: {verb} {len(changed)} file(s) in {site}"
+                + "".join(f"\n  {c}" for c in changed)
+                + ("" if changed else f" (already {'patched' if args.command == 'apply' else 'stock'})")
+            )
         else:
             if args.dest is None:
                 parser.error("copy needs DEST")

@@ -50,7 +50,6 @@ from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
 )
 
 
-
 def log(lines, text):
     """Print, keep and append to the log file at once (a run cut off by a timeout keeps its lines)."""
     print(text, flush=True)
@@ -78,8 +77,7 @@ def rel(a, b):
 
 
 def lse_text(stats):
-    return (f"lse {stats['lse_max_diff']:.1e} (p99 {stats['lse_p99_diff']:.1e}, median "
-            f"{stats['lse_median_diff']:.1e})")
+    return f"lse {stats['lse_max_diff']:.1e} (p99 {stats['lse_p99_diff']:.1e}, median {stats['lse_median_diff']:.1e})"
 
 
 def torch_attention(q, k, v, causal):
@@ -101,19 +99,35 @@ def check_dense(shape, causal, fmt, lines):
     q = torch.randn(batch, sq, hq, d, device="cuda", generator=gen).bfloat16()
     k = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).bfloat16()
     v = torch.randn(batch, sk, hk, d, device="cuda", generator=gen).bfloat16()
-    ref_out, ref_lse, counters = fused_softmax_attention_reference(q, k, v, causal=causal, mx_format=fmt,
-                                                                   return_counters=True, tile_n=_kernel_tile())
+    ref_out, ref_lse, counters = fused_softmax_attention_reference(
+        q, k, v, causal=causal, mx_format=fmt, return_counters=True, tile_n=_kernel_tile()
+    )
     exact_out, _ = fused_softmax_attention(q, k, v, causal=causal, exact=True)
     fp32_out = torch_attention(q, k, v, causal)
     outs, results = {}, []
     for mode in DOT_MODES:
-        out, lse, rec = fused_softmax_attention(q, k, v, causal=causal, mx_format=fmt, dot_mode=mode,
-                                                return_recoveries=True)
+        out, lse, rec = fused_softmax_attention(
+            q, k, v, causal=causal, mx_format=fmt, dot_mode=mode, return_recoveries=True
+        )
         outs[mode] = out
         case = (*shape, causal, fmt, mode)
         result = {
-            "case": dict(zip(["batch", "seqlen_q", "seqlen_k", "heads_q", "heads_k", "head_dim", "causal",
-                              "mx_format", "dot_mode"], case)),
+            "case": dict(
+                zip(
+                    [
+                        "batch",
+                        "seqlen_q",
+                        "seqlen_k",
+                        "heads_q",
+                        "heads_k",
+                        "head_dim",
+                        "causal",
+                        "mx_format",
+                        "dot_mode",
+                    ],
+                    case,
+                )
+            ),
             "rel_vs_reference": rel(out.float(), ref_out),
             **lse_stats(lse, ref_lse),
             "recoveries_equal": bool(torch.equal(rec.long(), counters["recoveries"])),
@@ -125,13 +139,20 @@ def check_dense(shape, causal, fmt, lines):
         }
         if mode == "fp8":
             result["rel_vs_bf16_dot_mode"] = rel(out.float(), outs["bf16"].float())
-        result["pass"] = (result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(mode, fmt, result)
-                          and result["recoveries_equal"] and result["finite"]
-                          and result["rel_exact_build_vs_fp32_attention"] < OUT_REL_TOL)
+        result["pass"] = (
+            result["rel_vs_reference"] < OUT_REL_TOL
+            and lse_ok(mode, fmt, result)
+            and result["recoveries_equal"]
+            and result["finite"]
+            and result["rel_exact_build_vs_fp32_attention"] < OUT_REL_TOL
+        )
         extra = f", fp8 vs bf16 mode {result['rel_vs_bf16_dot_mode']:.2e}" if mode == "fp8" else ""
-        log(lines, f"{'PASS' if result['pass'] else 'FAIL'} dense {case}: vs ref {result['rel_vs_reference']:.2e}, "
-                   f"{lse_text(result)}, rec {result['recoveries_equal']}, vs BF16 "
-                   f"{100 * result['rel_vs_bf16_exact_build']:.2f}%{extra}")
+        log(
+            lines,
+            f"{'PASS' if result['pass'] else 'FAIL'} dense {case}: vs ref {result['rel_vs_reference']:.2e}, "
+            f"{lse_text(result)}, rec {result['recoveries_equal']}, vs BF16 "
+            f"{100 * result['rel_vs_bf16_exact_build']:.2f}%{extra}",
+        )
         results.append(result)
     return results
 
@@ -144,18 +165,33 @@ def check_varlen(fmt, causal, dot_mode, lines):
     q = torch.randn(sum(lens_q), 8, 128, device="cuda", generator=gen).bfloat16()
     k = torch.randn(sum(lens_k), 2, 128, device="cuda", generator=gen).bfloat16()
     v = torch.randn(sum(lens_k), 2, 128, device="cuda", generator=gen).bfloat16()
-    out, lse = fused_softmax_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                              mx_format=fmt, dot_mode=dot_mode, validate=False)
-    ref_out, ref_lse = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=causal, mx_format=fmt,
-                                                                tile_n=_kernel_tile())
-    result = {"case": {"varlen": True, "lens_q": lens_q, "lens_k": lens_k, "causal": causal, "mx_format": fmt,
-                       "dot_mode": dot_mode},
-              "rel_vs_reference": rel(out.float(), ref_out),
-              **lse_stats(lse, ref_lse),
-              "masked_rows_ok": bool(torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)))}
-    result["pass"] = result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(dot_mode, fmt, result) and result["masked_rows_ok"]
-    log(lines, f"{'PASS' if result['pass'] else 'FAIL'} varlen {fmt} causal={causal} dot_mode={dot_mode}: "
-               f"vs ref {result['rel_vs_reference']:.2e}, {lse_text(result)}")
+    out, lse = fused_softmax_attention_varlen(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, mx_format=fmt, dot_mode=dot_mode, validate=False
+    )
+    ref_out, ref_lse = fused_softmax_attention_reference_varlen(
+        q, k, v, cu_q, cu_k, causal=causal, mx_format=fmt, tile_n=_kernel_tile()
+    )
+    result = {
+        "case": {
+            "varlen": True,
+            "lens_q": lens_q,
+            "lens_k": lens_k,
+            "causal": causal,
+            "mx_format": fmt,
+            "dot_mode": dot_mode,
+        },
+        "rel_vs_reference": rel(out.float(), ref_out),
+        **lse_stats(lse, ref_lse),
+        "masked_rows_ok": bool(torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))),
+    }
+    result["pass"] = (
+        result["rel_vs_reference"] < OUT_REL_TOL and lse_ok(dot_mode, fmt, result) and result["masked_rows_ok"]
+    )
+    log(
+        lines,
+        f"{'PASS' if result['pass'] else 'FAIL'} varlen {fmt} causal={causal} dot_mode={dot_mode}: "
+        f"vs ref {result['rel_vs_reference']:.2e}, {lse_text(result)}",
+    )
     return result
 
 
@@ -182,10 +218,14 @@ def main():
     lines = LogLines(args.out_dir / "numerics.log")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
+
     results["triton"] = triton.__version__
     results["default_dot_mode"] = _default_dot_mode(arch_of(torch.device("cuda")))
-    log(lines, f"device {results['device']}, torch {results['torch']}, triton {results['triton']}, "
-               f"default dot_mode {results['default_dot_mode']}")
+    log(
+        lines,
+        f"device {results['device']}, torch {results['torch']}, triton {results['triton']}, "
+        f"default dot_mode {results['default_dot_mode']}",
+    )
 
     shapes = [(1, 1000, 1000, 8, 8, 128), (2, 333, 517, 8, 2, 64), (1, 129, 1031, 4, 1, 128), (1, 600, 250, 4, 4, 64)]
     formats = MX_FORMATS
@@ -196,23 +236,36 @@ def main():
         for causal in (False, True):
             for fmt in formats:
                 dense.extend(check_dense(shape, causal, fmt, lines))
-    varlen = [check_varlen(fmt, causal, mode, lines) for fmt in formats for causal in (False, True)
-              for mode in DOT_MODES]
+    varlen = [
+        check_varlen(fmt, causal, mode, lines) for fmt in formats for causal in (False, True) for mode in DOT_MODES
+    ]
     results["dense"], results["varlen"] = dense, varlen
 
     def noncausal(mode, fmt):
-        return [r for r in dense if r["case"]["mx_format"] == fmt and r["case"]["dot_mode"] == mode
-                and not r["case"]["causal"]]
+        return [
+            r
+            for r in dense
+            if r["case"]["mx_format"] == fmt and r["case"]["dot_mode"] == mode and not r["case"]["causal"]
+        ]
 
     summary = {}
     for mode in DOT_MODES:
-        summary[mode] = {fmt: {"rel_error_vs_bf16_pct_mean": 100 * mean(r["rel_vs_bf16_exact_build"]
-                                                                        for r in noncausal(mode, fmt)),
-                               "rel_vs_reference_max": max(r["rel_vs_reference"] for r in noncausal(mode, fmt))}
-                         for fmt in formats}
-        log(lines, f"dot_mode {mode}: relative error vs BF16 attention (non-causal, mean) / kernel vs reference "
-                   "(max): " + ", ".join(f"{fmt} {v['rel_error_vs_bf16_pct_mean']:.2f}% / "
-                                         f"{v['rel_vs_reference_max']:.1e}" for fmt, v in summary[mode].items()))
+        summary[mode] = {
+            fmt: {
+                "rel_error_vs_bf16_pct_mean": 100 * mean(r["rel_vs_bf16_exact_build"] for r in noncausal(mode, fmt)),
+                "rel_vs_reference_max": max(r["rel_vs_reference"] for r in noncausal(mode, fmt)),
+            }
+            for fmt in formats
+        }
+        log(
+            lines,
+            f"dot_mode {mode}: relative error vs BF16 attention (non-causal, mean) / kernel vs reference "
+            "(max): "
+            + ", ".join(
+                f"{fmt} {v['rel_error_vs_bf16_pct_mean']:.2f}% / {v['rel_vs_reference_max']:.1e}"
+                for fmt, v in summary[mode].items()
+            ),
+        )
     fp8_vs_bf16 = max(r["rel_vs_bf16_dot_mode"] for r in dense if r["case"]["dot_mode"] == "fp8")
     summary["fp8_vs_bf16_dot_mode_rel_max"] = fp8_vs_bf16
     results["summary_noncausal"] = summary
@@ -222,17 +275,29 @@ def main():
     q, k, v = (torch.randn(1, 8192, 16, 128, device="cuda", generator=gen).bfloat16() for _ in range(3))
     cu = torch.tensor([0, 8192], dtype=torch.int32, device="cuda")
     iters = 5 if args.quick else 20
-    timing = {"shape": "batch 1, seqlen 8192, 16 heads, head_dim 128, non-causal",
-              "exact_ms": time_ms(lambda: fused_softmax_attention(q, k, v, exact=True), iters),
-              "mxfp8_prepass_ms": time_ms(lambda: (quantize_head_dim(q[0], "e4m3"), quantize_head_dim(k[0], "e4m3"),
-                                                   quantize_keys(v[0], "e4m3", cu, keys_contiguous=True)), iters)}
+    timing = {
+        "shape": "batch 1, seqlen 8192, 16 heads, head_dim 128, non-causal",
+        "exact_ms": time_ms(lambda: fused_softmax_attention(q, k, v, exact=True), iters),
+        "mxfp8_prepass_ms": time_ms(
+            lambda: (
+                quantize_head_dim(q[0], "e4m3"),
+                quantize_head_dim(k[0], "e4m3"),
+                quantize_keys(v[0], "e4m3", cu, keys_contiguous=True),
+            ),
+            iters,
+        ),
+    }
     timed = [("mxfp8", "fp8"), ("mxfp8", "bf16")] if args.quick else [(f, m) for f in MX_FORMATS for m in DOT_MODES]
     for fmt, mode in timed:
-        timing[f"{fmt}_{mode}_ms"] = time_ms(lambda: fused_softmax_attention(q, k, v, mx_format=fmt, dot_mode=mode),
-                                             iters)
+        timing[f"{fmt}_{mode}_ms"] = time_ms(
+            lambda: fused_softmax_attention(q, k, v, mx_format=fmt, dot_mode=mode), iters
+        )
     results["timing_indicative"] = timing
-    log(lines, "indicative timing, ms per call (each mode includes the MX pre-pass, timed alone as prepass): "
-        + ", ".join(f"{key} {val:.2f}" for key, val in timing.items() if key != "shape"))
+    log(
+        lines,
+        "indicative timing, ms per call (each mode includes the MX pre-pass, timed alone as prepass): "
+        + ", ".join(f"{key} {val:.2f}" for key, val in timing.items() if key != "shape"),
+    )
 
     failed = [r for r in dense + varlen if not r["pass"]]
     results["all_pass"] = not failed

@@ -44,8 +44,17 @@ def log(message: str) -> None:
     LOG.append(line)
 
 
-def make_inputs(seed: int, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int,
-                dtype, q_std: float = 1.0):
+def make_inputs(
+    seed: int,
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    heads_q: int,
+    heads_k: int,
+    head_dim: int,
+    dtype,
+    q_std: float = 1.0,
+):
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -111,6 +120,7 @@ def compare_to_reference(mode: str, rescale_threshold, cases, arch: int) -> dict
     """Kernel vs attention_reference with the kernel's semantics (tile 128, its threshold)."""
     import torch
     from flash_attn.cute import flash_attn_func
+
     from fa4_rowmax.config import SoftmaxConfig
     from fa4_rowmax.reference.attention import attention_reference
 
@@ -120,8 +130,9 @@ def compare_to_reference(mode: str, rescale_threshold, cases, arch: int) -> dict
         dtype = torch.bfloat16
         q, k, v = make_inputs(2, batch, sq, sk, hq, hk, d, dtype, q_std)
         with torch.no_grad():
-            out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, softmax_mode=mode,
-                                       rescale_threshold=rescale_threshold)
+            out, lse = flash_attn_func(
+                q, k, v, causal=causal, return_lse=True, softmax_mode=mode, rescale_threshold=rescale_threshold
+            )
         # SM90 tiles: 128 keys for head dim 128, 128 for 64 too (interface._tile_size_fwd_sm90).
         config = SoftmaxConfig(mode=mode, tile_n=128, rescale_threshold=threshold)
         out_ref, lse_ref = attention_reference(q, k, v, config, causal=causal)
@@ -138,11 +149,13 @@ def summarize(out, lse, out_ref, lse_ref, dtype) -> dict:
     finite_rows = torch.isfinite(lse_ref)  # (b, h, s)
     row_scale = ref_f.abs().amax(dim=-1).clamp_min(1e-30)  # (b, s, h)
     eps = torch.finfo(dtype).eps
-    err = ((out_f - ref_f).abs().amax(dim=-1) / (row_scale * eps))  # in ulps of the row's largest entry
+    err = (out_f - ref_f).abs().amax(dim=-1) / (row_scale * eps)  # in ulps of the row's largest entry
     err = err.transpose(1, 2)[finite_rows] if out.dim() == 4 else err.transpose(0, 1)[finite_rows]
     lse_diff = (lse - lse_ref)[finite_rows].abs()
     masked_rows = ~finite_rows
-    masked_out = out.float().transpose(1, 2)[masked_rows] if out.dim() == 4 else out.float().transpose(0, 1)[masked_rows]
+    masked_out = (
+        out.float().transpose(1, 2)[masked_rows] if out.dim() == 4 else out.float().transpose(0, 1)[masked_rows]
+    )
     return dict(
         rows=int(finite_rows.sum()),
         out_err_ulp_max=float(err.max()) if err.numel() else 0.0,
@@ -159,6 +172,7 @@ def summarize(out, lse, out_ref, lse_ref, dtype) -> dict:
 def varlen_vs_reference(mode: str) -> dict:
     import torch
     from flash_attn.cute import flash_attn_varlen_func
+
     from fa4_rowmax.config import SoftmaxConfig
     from fa4_rowmax.reference.attention import attention_reference
 
@@ -173,9 +187,18 @@ def varlen_vs_reference(mode: str) -> dict:
     results = {}
     for causal in (False, True):
         with torch.no_grad():
-            out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(seqlens_q),
-                                              max_seqlen_k=max(seqlens_k), causal=causal, return_lse=True,
-                                              softmax_mode=mode)
+            out, lse = flash_attn_varlen_func(
+                q,
+                k,
+                v,
+                cu_seqlens_q=cu_q,
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=max(seqlens_q),
+                max_seqlen_k=max(seqlens_k),
+                causal=causal,
+                return_lse=True,
+                softmax_mode=mode,
+            )
         config = SoftmaxConfig(mode=mode, tile_n=128, rescale_threshold=0.0)
         out_ref, lse_ref = attention_reference(q, k, v, config, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
         results[f"varlen causal={causal}"] = summarize(out, lse, out_ref, lse_ref, torch.bfloat16)
@@ -185,6 +208,7 @@ def varlen_vs_reference(mode: str) -> dict:
 
 def gates(mode: str, quick: bool) -> dict:
     import torch
+
     from fa4_rowmax.config import SoftmaxConfig
     from fa4_rowmax.gates.gates import format_report, run_gates
     from fa4_rowmax.interface import fa4_backend
@@ -199,10 +223,22 @@ def gates(mode: str, quick: bool) -> dict:
     log(f"gates {mode}:\n" + format_report(reports, title=f"FA4 {mode} on the GPU"))
     return {
         "passed": all(r.passed for r in reports),
-        "reports": [dict(name=r.name, setup=r.setup, passed=r.passed, worst=r.worst, bound=list(r.bound),
-                         where=r.where, n_elements=r.n_elements,
-                         checks=[dict(name=c.name, passed=c.passed, worst=c.worst, bound=list(c.bound),
-                                      note=c.note) for c in r.checks]) for r in reports],
+        "reports": [
+            dict(
+                name=r.name,
+                setup=r.setup,
+                passed=r.passed,
+                worst=r.worst,
+                bound=list(r.bound),
+                where=r.where,
+                n_elements=r.n_elements,
+                checks=[
+                    dict(name=c.name, passed=c.passed, worst=c.worst, bound=list(c.bound), note=c.note)
+                    for c in r.checks
+                ],
+            )
+            for r in reports
+        ],
     }
 
 
@@ -236,8 +272,12 @@ def main(argv=None) -> int:
     report["capability"] = torch.cuda.get_device_capability()
     report["torch"] = torch.__version__
     arch = report["capability"][0] * 10 + report["capability"][1]
-    report["settings"] = dict(dtype="bf16 (exact==stock also fp16)", tile_n=128, quick=args.quick,
-                              default_rescale_threshold=0.0 if arch // 10 == 9 else 8.0)
+    report["settings"] = dict(
+        dtype="bf16 (exact==stock also fp16)",
+        tile_n=128,
+        quick=args.quick,
+        default_rescale_threshold=0.0 if arch // 10 == 9 else 8.0,
+    )
     cases = QUICK_CASES if args.quick else CASES
     step("exact_equals_stock", exact_vs_stock, stock_site, workdir, cases)
     step("rowmax_h15_vs_reference", compare_to_reference, "rowmax_h15", None, cases, arch)
@@ -266,8 +306,9 @@ def compare_h15_beta(cases, arch):
         with torch.no_grad():
             a = flash_attn_func(q, k, v, causal=causal, return_lse=True, softmax_mode="rowmax_h15")
             b = flash_attn_func(q, k, v, causal=causal, return_lse=True, softmax_mode="rowmax_h15", beta=0.5)
-        results[name] = dict(out_bitwise_equal=torch.equal(a[0], b[0]),
-                             lse_max_abs_diff=float((a[1] - b[1]).nan_to_num().abs().max()))
+        results[name] = dict(
+            out_bitwise_equal=torch.equal(a[0], b[0]), lse_max_abs_diff=float((a[1] - b[1]).nan_to_num().abs().max())
+        )
         log(f"h15 beta=0.5 vs 1 {name}: {results[name]}")
     return results
 
@@ -275,15 +316,25 @@ def compare_h15_beta(cases, arch):
 def verdict(steps) -> dict:
     v = {name: s["ok"] for name, s in steps.items()}
     if steps["exact_equals_stock"]["ok"]:
-        v["exact_equals_stock"] = all(r["out_bitwise_equal"] and r["lse_bitwise_equal"]
-                                      for r in steps["exact_equals_stock"]["result"].values())
-    for name in ("rowmax_h15_vs_reference", "rowmax_h15_threshold8_vs_reference", "rowmax_pot_vs_reference",
-                 "varlen_rowmax_h15"):
+        v["exact_equals_stock"] = all(
+            r["out_bitwise_equal"] and r["lse_bitwise_equal"] for r in steps["exact_equals_stock"]["result"].values()
+        )
+    for name in (
+        "rowmax_h15_vs_reference",
+        "rowmax_h15_threshold8_vs_reference",
+        "rowmax_pot_vs_reference",
+        "varlen_rowmax_h15",
+    ):
         if steps[name]["ok"]:
             rs = steps[name]["result"].values()
-            v[name] = all(r["out_nan_or_inf"] == 0 and r["lse_nan"] == 0 and r["fully_masked_rows_ok"]
-                          and r["rows_over_4ulp"] <= max(1, r["rows"] // 1000) and r["lse_abs_diff_max"] < 1e-2
-                          for r in rs)
+            v[name] = all(
+                r["out_nan_or_inf"] == 0
+                and r["lse_nan"] == 0
+                and r["fully_masked_rows_ok"]
+                and r["rows_over_4ulp"] <= max(1, r["rows"] // 1000)
+                and r["lse_abs_diff_max"] < 1e-2
+                for r in rs
+            )
     for name in ("gates_rowmax_h15", "gates_exact_control"):
         if steps[name]["ok"]:
             v[name] = steps[name]["result"]["passed"]

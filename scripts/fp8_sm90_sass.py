@@ -7,6 +7,7 @@ Each variant compiles in its own subprocess (tests/test_compile_sm90_fp8.py's wo
 256 keys, so FA4's three softmax sites are unrolled); per-element counts divide by 3 * tile_n / 2 element
 sites per thread. Prints a Markdown table.
 """
+
 import json
 import sys
 import tempfile
@@ -30,10 +31,12 @@ VARIANTS = {
     "fa4fp8_h15_n192": dict(softmax_mode="rowmax_h15", tile_n=192),
     "fa4fp8_h15_n192_mma": dict(softmax_mode="rowmax_h15", tile_n=192, row_sum="mma"),
     "fa4fp8_h15_fold_n192": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192),
-    "fa4fp8_h15_fold_n192_vote": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
-                                      rescale_vote=True),
-    "fa4fp8_h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
-                                     row_sum="mma"),
+    "fa4fp8_h15_fold_n192_vote": dict(
+        softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, rescale_vote=True
+    ),
+    "fa4fp8_h15_fold_n192_mma": dict(
+        softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"
+    ),
     "fa4fp8_h15_sat_n192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192),
     "fa4fp8_h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 }
@@ -61,8 +64,11 @@ def main():
         c, s = r["counts"], r["sites"]
         per = {k: c[k] / s for k in cols}
         alu = sum(v for k, v in per.items() if k != "MUFU.EX2")
-        print(f"| `{name}` | {r['instructions']} | " + " | ".join(f"{c[k]}" for k in cols)
-              + f" | {alu:.2f} ({per['MUFU.EX2']:.2f}) |")
+        print(
+            f"| `{name}` | {r['instructions']} | "
+            + " | ".join(f"{c[k]}" for k in cols)
+            + f" | {alu:.2f} ({per['MUFU.EX2']:.2f}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ measurement; rounds interleave the variants and the reported time is the median 
 pre-pass runs inside every timed call of the FA4-FP8 variants. TFLOPS count 4 * b * h * s_q * s_k * d
 (half for causal). Writes OUT_DIR/timing.json and prints one line per (shape, variant).
 """
+
 import argparse
 import json
-import math
 import statistics
 import time
 
@@ -21,19 +21,25 @@ def make_inputs(batch, seqlen, heads, head_dim, sets, dtype):
     out = []
     for i in range(sets):
         g = torch.Generator(device="cuda").manual_seed(i)
-        q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+            for _ in range(3)
+        )
         out.append((q, k, v) if dtype == torch.bfloat16 else tuple(t.to(dtype) for t in (q, k, v)))
     return out
 
 
 def variants(names, causal, batch, heads):
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
     ones = torch.ones(batch, heads, device="cuda", dtype=torch.float32)
     table = {}
+
     def fp8(**kw):
-        return lambda q, k, v: flash_attn_fp8_sm90(q, k, v, causal=causal, q_descale=ones, k_descale=ones,
-                                                   v_descale=ones, **kw)
+        return lambda q, k, v: flash_attn_fp8_sm90(
+            q, k, v, causal=causal, q_descale=ones, k_descale=ones, v_descale=ones, **kw
+        )
+
     table["fa4fp8_exact"] = ("fp8", fp8(softmax_mode="exact"))
     table["fa4fp8_exact_noexp2"] = ("fp8", fp8(softmax_mode="exact", exp2_deleted=True))
     table["fa4fp8_h15"] = ("fp8", fp8(softmax_mode="rowmax_h15"))
@@ -41,15 +47,27 @@ def variants(names, causal, batch, heads):
     table["fa4fp8_exact_n192"] = ("fp8", fp8(softmax_mode="exact", tile_n=192))
     table["fa4fp8_h15_n192"] = ("fp8", fp8(softmax_mode="rowmax_h15", tile_n=192))
     table["fa4fp8_exact_noexp2_n192"] = ("fp8", fp8(softmax_mode="exact", exp2_deleted=True, tile_n=192))
-    table["fa4fp8_exact_noexp2_n192_mma"] = ("fp8", fp8(softmax_mode="exact", exp2_deleted=True, tile_n=192, row_sum="mma"))
+    table["fa4fp8_exact_noexp2_n192_mma"] = (
+        "fp8",
+        fp8(softmax_mode="exact", exp2_deleted=True, tile_n=192, row_sum="mma"),
+    )
     table["fa4fp8_exact_n192_mma"] = ("fp8", fp8(softmax_mode="exact", tile_n=192, row_sum="mma"))
-    table["fa4fp8_exact_n192_mma_vote"] = ("fp8", fp8(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True))
-    table["fa4fp8_h15_fold_n192_vote"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
-                                                     rescale_vote=True))
-    table["fa4fp8_h15_fold_n192_mma"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192,
-                                                    row_sum="mma"))
-    table["fa4fp8_h15_fold_n192_mma_vote"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave",
-                                                         tile_n=192, row_sum="mma", rescale_vote=True))
+    table["fa4fp8_exact_n192_mma_vote"] = (
+        "fp8",
+        fp8(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    )
+    table["fa4fp8_h15_fold_n192_vote"] = (
+        "fp8",
+        fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, rescale_vote=True),
+    )
+    table["fa4fp8_h15_fold_n192_mma"] = (
+        "fp8",
+        fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"),
+    )
+    table["fa4fp8_h15_fold_n192_mma_vote"] = (
+        "fp8",
+        fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma", rescale_vote=True),
+    )
     table["fa4fp8_h15_sat_n192"] = ("fp8", fp8(softmax_mode="rowmax_h15", clamp="sat", tile_n=192))
     table["fa4fp8_h15_sat_n192_mma"] = ("fp8", fp8(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"))
     table["fa4fp8_h15_n192_mma"] = ("fp8", fp8(softmax_mode="rowmax_h15", tile_n=192, row_sum="mma"))
@@ -58,14 +76,19 @@ def variants(names, causal, batch, heads):
     table["fa4fp8_h15_fold_n192"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192))
     try:
         import fa3_fwd_interface as fa3
-        table["fa3_fp8"] = ("fp8", lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal, q_descale=ones,
-                                                                      k_descale=ones, v_descale=ones))
+
+        table["fa3_fp8"] = (
+            "fp8",
+            lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal, q_descale=ones, k_descale=ones, v_descale=ones),
+        )
         table["fa3_bf16"] = ("bf16", lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal))
     except ImportError as e:
         print("fa3 unavailable:", e)
     from flash_attn.cute import flash_attn_func
+
     table["fa4_bf16_stock"] = ("bf16", lambda q, k, v: flash_attn_func(q, k, v, causal=causal))
     from fa4_rowmax.stage.v_transpose import v_transpose
+
     table["prepass_only"] = ("fp8", lambda q, k, v: v_transpose(v, ones, ones, ones))
     return {n: table[n] for n in names if n in table}
 
@@ -94,7 +117,8 @@ def gemm_ceiling(n=8192, iters=20):
         start.record()
         for _ in range(iters):
             fn()
-        stop.record(); stop.synchronize()
+        stop.record()
+        stop.synchronize()
         times.append(start.elapsed_time(stop) / iters)
     ms = statistics.median(times)
     return dict(variant="fp8_gemm_scaled_mm", n=n, ms=ms, tflops=2 * n**3 / ms / 1e9)
@@ -109,13 +133,33 @@ def main():
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=8)
-    p.add_argument("--variants", nargs="+", default=[
-        "fa4fp8_exact", "fa4fp8_exact_noexp2", "fa4fp8_h15", "fa4fp8_h15_fold", "fa4fp8_exact_n192",
-        "fa4fp8_exact_noexp2_n192", "fa4fp8_exact_noexp2_n192_mma", "fa4fp8_exact_n192_mma",
-        "fa4fp8_exact_n192_mma_vote", "fa4fp8_h15_n192", "fa4fp8_h15_n192_mma", "fa4fp8_h15_fold_n192",
-        "fa4fp8_h15_fold_n192_vote", "fa4fp8_h15_fold_n192_mma", "fa4fp8_h15_fold_n192_mma_vote",
-        "fa4fp8_h15_sat_n192", "fa4fp8_h15_sat_n192_mma",
-        "fa3_fp8", "fa3_bf16", "fa4_bf16_stock", "prepass_only"])
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=[
+            "fa4fp8_exact",
+            "fa4fp8_exact_noexp2",
+            "fa4fp8_h15",
+            "fa4fp8_h15_fold",
+            "fa4fp8_exact_n192",
+            "fa4fp8_exact_noexp2_n192",
+            "fa4fp8_exact_noexp2_n192_mma",
+            "fa4fp8_exact_n192_mma",
+            "fa4fp8_exact_n192_mma_vote",
+            "fa4fp8_h15_n192",
+            "fa4fp8_h15_n192_mma",
+            "fa4fp8_h15_fold_n192",
+            "fa4fp8_h15_fold_n192_vote",
+            "fa4fp8_h15_fold_n192_mma",
+            "fa4fp8_h15_fold_n192_mma_vote",
+            "fa4fp8_h15_sat_n192",
+            "fa4fp8_h15_sat_n192_mma",
+            "fa3_fp8",
+            "fa3_bf16",
+            "fa4_bf16_stock",
+            "prepass_only",
+        ],
+    )
     args = p.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args), "rows": []}
     results["gemm"] = gemm_ceiling()
@@ -125,13 +169,18 @@ def main():
         for causal in (False, True):
             flops = 4 * batch * args.heads * seqlen * seqlen * args.head_dim / (2 if causal else 1)
             table = variants(args.variants, causal, batch, args.heads)
-            inputs = {d: make_inputs(batch, seqlen, args.heads, args.head_dim, 3,
-                                     torch.float8_e4m3fn if d == "fp8" else torch.bfloat16) for d in ("fp8", "bf16")}
+            inputs = {
+                d: make_inputs(
+                    batch, seqlen, args.heads, args.head_dim, 3, torch.float8_e4m3fn if d == "fp8" else torch.bfloat16
+                )
+                for d in ("fp8", "bf16")
+            }
             live = {}
             for name, (dtype, fn) in table.items():
                 try:
                     t = time.time()
-                    fn(*inputs[dtype][0]); torch.cuda.synchronize()
+                    fn(*inputs[dtype][0])
+                    torch.cuda.synchronize()
                     live[name] = (dtype, fn)
                     print(f"warm {name}: {time.time() - t:.1f}s", flush=True)
                 except Exception as e:
@@ -142,8 +191,16 @@ def main():
                     times[name].append(time_calls(fn, inputs[dtype], args.iters))
             for name, ts in times.items():
                 ms = statistics.median(ts)
-                row = dict(seqlen=seqlen, batch=batch, causal=causal, variant=name, ms=ms,
-                           ms_min=min(ts), ms_max=max(ts), tflops=flops / ms / 1e9)
+                row = dict(
+                    seqlen=seqlen,
+                    batch=batch,
+                    causal=causal,
+                    variant=name,
+                    ms=ms,
+                    ms_min=min(ts),
+                    ms_max=max(ts),
+                    tflops=flops / ms / 1e9,
+                )
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
             del inputs

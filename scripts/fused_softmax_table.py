@@ -62,7 +62,7 @@ def relative_error(out, ref):
 
 def run(seeds, sigma, seqlen, heads, head_dim):
     rows = {fmt: {"plain": [], "fused": [], "recoveries_per_row": []} for fmt in MX_FORMATS}
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     for seed in range(seeds):
         gen = torch.Generator().manual_seed(seed)
         q, k, v = (torch.randn(1, seqlen, heads, head_dim, generator=gen).mul(sigma).bfloat16() for _ in range(3))
@@ -76,8 +76,10 @@ def run(seeds, sigma, seqlen, heads, head_dim):
     for fmt, r in rows.items():
         plain, fused = torch.tensor(r["plain"]) * 100, torch.tensor(r["fused"]) * 100
         summary[fmt] = {
-            "plain_pct_mean": plain.mean().item(), "plain_pct_std": plain.std().item() if seeds > 1 else 0.0,
-            "fused_pct_mean": fused.mean().item(), "fused_pct_std": fused.std().item() if seeds > 1 else 0.0,
+            "plain_pct_mean": plain.mean().item(),
+            "plain_pct_std": plain.std().item() if seeds > 1 else 0.0,
+            "fused_pct_mean": fused.mean().item(),
+            "fused_pct_std": fused.std().item() if seeds > 1 else 0.0,
             "delta_pct_points": (fused - plain).mean().item(),
             "recoveries_per_row": sum(r["recoveries_per_row"]) / seeds,
             "paper_fused_pct": PAPER[fmt],
@@ -104,33 +106,45 @@ def markdown(result):
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for fmt, s in result["main"].items():
-        lines.append(f"| {fmt} | {s['plain_pct_mean']:.2f} ± {s['plain_pct_std']:.2f} | "
-                     f"{s['fused_pct_mean']:.2f} ± {s['fused_pct_std']:.2f} | {s['delta_pct_points']:+.2f} | "
-                     f"{s['paper_fused_pct']:.2f} | {s['recoveries_per_row']:.3f} |")
+        lines.append(
+            f"| {fmt} | {s['plain_pct_mean']:.2f} ± {s['plain_pct_std']:.2f} | "
+            f"{s['fused_pct_mean']:.2f} ± {s['fused_pct_std']:.2f} | {s['delta_pct_points']:+.2f} | "
+            f"{s['paper_fused_pct']:.2f} | {s['recoveries_per_row']:.3f} |"
+        )
     if result["sweep"]:
-        lines += ["", f"## Input-scale sweep ({cfg['sweep_seeds']} seeds each)", "",
-                  "| sigma | format | (a) plain % | (b) Fused-Softmax % | (b) - (a) points |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            f"## Input-scale sweep ({cfg['sweep_seeds']} seeds each)",
+            "",
+            "| sigma | format | (a) plain % | (b) Fused-Softmax % | (b) - (a) points |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for sigma, per_fmt in result["sweep"].items():
             for fmt, s in per_fmt.items():
-                lines.append(f"| {sigma} | {fmt} | {s['plain_pct_mean']:.2f} | {s['fused_pct_mean']:.2f} | "
-                             f"{s['delta_pct_points']:+.2f} |")
+                lines.append(
+                    f"| {sigma} | {fmt} | {s['plain_pct_mean']:.2f} | {s['fused_pct_mean']:.2f} | "
+                    f"{s['delta_pct_points']:+.2f} |"
+                )
     main = result["main"]
     worst = max(s["delta_pct_points"] for s in main.values())
     gap = max(abs(s["fused_pct_mean"] - s["paper_fused_pct"]) for s in main.values())
-    lines += ["", "## Reading", "",
-              f"- At sigma = 1 the Fused-Softmax errors are within {gap:.2f} points of the paper's, so N(0, 1) "
-              "inputs at head_dim 128 are most likely the paper's setting; the error grows with sigma (a "
-              "peakier softmax makes the score error from the quantized Q and K count more).",
-              f"- Fused-Softmax adds at most {worst:+.2f} points over plain quantization here (paper: <= 0.3). The "
-              "likely source (not isolated by an ablation here) is the Schraudolph exp2, which over-estimates "
-              "2**y by 0 to 6.15% depending on the fractional part of y, a weight error that normalisation "
-              "cannot cancel; it shows most where the quantization error is small (MXFP8, small sigma).",
-              "- No recovery fires on these inputs: with N(0, 1) data no later tile's max exceeds the first "
-              "tile's by 8 (log2 units); the recovery path is exercised by the adversarial tests instead.",
-              "",
-              f"Runtime {result['runtime_s']:.0f} s on {result['machine']} (2 shared CPUs), torch {result['torch']}.",
-              ""]
+    lines += [
+        "",
+        "## Reading",
+        "",
+        f"- At sigma = 1 the Fused-Softmax errors are within {gap:.2f} points of the paper's, so N(0, 1) "
+        "inputs at head_dim 128 are most likely the paper's setting; the error grows with sigma (a "
+        "peakier softmax makes the score error from the quantized Q and K count more).",
+        f"- Fused-Softmax adds at most {worst:+.2f} points over plain quantization here (paper: <= 0.3). The "
+        "likely source (not isolated by an ablation here) is the Schraudolph exp2, which over-estimates "
+        "2**y by 0 to 6.15% depending on the fractional part of y, a weight error that normalisation "
+        "cannot cancel; it shows most where the quantization error is small (MXFP8, small sigma).",
+        "- No recovery fires on these inputs: with N(0, 1) data no later tile's max exceeds the first "
+        "tile's by 8 (log2 units); the recovery path is exercised by the adversarial tests instead.",
+        "",
+        f"Runtime {result['runtime_s']:.0f} s on {result['machine']} (2 shared CPUs), torch {result['torch']}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -152,10 +166,19 @@ def main():
     main_table = run(args.seeds, args.sigma, args.seqlen, args.heads, args.head_dim)
     sweep = {str(s): run(args.sweep_seeds, s, args.seqlen, args.heads, args.head_dim) for s in args.sigmas}
     result = {
-        "config": {"seeds": args.seeds, "sigma": args.sigma, "seqlen": args.seqlen, "heads": args.heads,
-                   "head_dim": args.head_dim, "batch": 1, "causal": False, "tile_n": 128,
-                   "recovery_threshold": 8.0, "sweep_seeds": args.sweep_seeds,
-                   "error": "Frobenius norm of O - O_bf16 over the whole output, divided by that of O_bf16"},
+        "config": {
+            "seeds": args.seeds,
+            "sigma": args.sigma,
+            "seqlen": args.seqlen,
+            "heads": args.heads,
+            "head_dim": args.head_dim,
+            "batch": 1,
+            "causal": False,
+            "tile_n": 128,
+            "recovery_threshold": 8.0,
+            "sweep_seeds": args.sweep_seeds,
+            "error": "Frobenius norm of O - O_bf16 over the whole output, divided by that of O_bf16",
+        },
         "main": main_table,
         "sweep": sweep,
         "runtime_s": time.time() - start,

@@ -5,6 +5,7 @@
 
 CPU only (FakeTensorMode compiles, compile_check's private FA4 copies); 18 kernels, a few minutes on 2 CPUs.
 """
+
 import gzip
 import subprocess
 import sys
@@ -13,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from compile_helpers import sass  # noqa: E402
 import test_compile_sm90_fp8 as fp8  # noqa: E402
+from compile_helpers import sass  # noqa: E402
 
 from fa4_rowmax.stage import compile_check as cc  # noqa: E402
 

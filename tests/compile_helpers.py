@@ -8,7 +8,6 @@ import hashlib
 import os
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -44,10 +43,14 @@ def ci_report(arch: str, tmp_path_factory, extra_configs: tuple[dict, ...] = ())
 
 def _disassemble(cubin: Path) -> list[str]:
     """The instruction stream as `compile_check.sass_stats` hashes it (addresses and encodings dropped)."""
-    sass = subprocess.run([compile_check.cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True,
-                          text=True).stdout
-    return [line.split("*/", 1)[1].split(";")[0].strip() for line in sass.splitlines()
-            if compile_check._SASS_LINE.search(line)]
+    sass = subprocess.run(
+        [compile_check.cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True
+    ).stdout
+    return [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in sass.splitlines()
+        if compile_check._SASS_LINE.search(line)
+    ]
 
 
 def sass(report: dict, compiled: dict) -> list[str]:
@@ -96,7 +99,6 @@ def assert_mufu_count_falls_as_beta_grows(report: dict) -> None:
 def assert_full_matrix_passes(arch: str, tmp_path: Path) -> None:
     report = compile_check.check_matrix(arch, compile_check.full_matrix(arch), tmp_path)
     assert all(v for k, v in report["checks"].items() if not k.startswith("mufu_by_beta")), report["checks"]
-
 
 
 # --- per-element instruction patterns (Note [SASS weight chains]) ----------------------------------------------------
@@ -152,7 +154,7 @@ class SassFlow:
     def source(self, i: int, register: str, mnemonic: str, *tail: str) -> int | None:
         """The last writer of `register` before i if it is `mnemonic` with operands[2:] starting with `tail`."""
         j = self.writer(i, register)
-        if j is None or self.parsed[j][0] != mnemonic or tuple(self.parsed[j][1][2:2 + len(tail)]) != tail:
+        if j is None or self.parsed[j][0] != mnemonic or tuple(self.parsed[j][1][2 : 2 + len(tail)]) != tail:
             return None
         return j
 
@@ -161,7 +163,7 @@ class SassFlow:
         return self.source(i, registers[0], mnemonic, *tail) if registers else None
 
     def indices(self, mnemonic: str, *tail: str) -> list[int]:
-        return [i for i, (m, ops) in enumerate(self.parsed) if m == mnemonic and tuple(ops[2:2 + len(tail)]) == tail]
+        return [i for i, (m, ops) in enumerate(self.parsed) if m == mnemonic and tuple(ops[2 : 2 + len(tail)]) == tail]
 
     def reaches_p_and_row_sum(self, i: int) -> bool:
         """Whether what instruction i writes reaches an F2FP and an FADD/FADD2 before it is overwritten."""
@@ -170,8 +172,14 @@ class SassFlow:
             mnemonic, operands = self.parsed[j]
             read = {r for op in operands[1:] for r in _operand_registers(op)}
             if live & read:
-                seen.update(kind for kind, hit in (("p", mnemonic.startswith("F2FP")),
-                                                   ("row_sum", mnemonic.split(".")[0] in ("FADD", "FADD2"))) if hit)
+                seen.update(
+                    kind
+                    for kind, hit in (
+                        ("p", mnemonic.startswith("F2FP")),
+                        ("row_sum", mnemonic.split(".")[0] in ("FADD", "FADD2")),
+                    )
+                    if hit
+                )
             if seen == {"p", "row_sum"}:
                 return True
             written = set(self.writes(j))
@@ -227,8 +235,11 @@ def h15_mufu_chains(instructions: list[str]) -> tuple[int, int]:
         ex2 = None if add is None else _snap_add_source(flow, add)
         sub = None if ex2 is None else flow.operand_source(ex2, 1, "FADD.FTZ", "-6291456")
         rnd = None if sub is None else flow.operand_source(sub, 1, "FADD.FTZ", "6291456")
-        complete += (rnd is not None and _clamped_x(flow, rnd, _operand_registers(flow.parsed[rnd][1][1])[0], "-127")
-                     is not None and flow.reaches_p_and_row_sum(i))
+        complete += (
+            rnd is not None
+            and _clamped_x(flow, rnd, _operand_registers(flow.parsed[rnd][1][1])[0], "-127") is not None
+            and flow.reaches_p_and_row_sum(i)
+        )
     return complete, len(snaps)
 
 

@@ -46,8 +46,10 @@ def pytest_runtest_makereport(item, call):
         reason = _skip_reason(report)
         if not reason.startswith(ALLOWED_SKIP_PREFIXES):
             report.outcome = "failed"
-            report.longrepr = (f"strict skips (LOWPREC_STRICT_SKIPS=1, Note [Strict skips] in tests/conftest.py): "
-                               f"skipped for a reason that is neither a missing GPU nor an opt-in suite: {reason}")
+            report.longrepr = (
+                f"strict skips (LOWPREC_STRICT_SKIPS=1, Note [Strict skips] in tests/conftest.py): "
+                f"skipped for a reason that is neither a missing GPU nor an opt-in suite: {reason}"
+            )
 
 
 def pytest_collectreport(report):

@@ -16,29 +16,67 @@ pytestmark = pytest.mark.skipif(
     reason="amd-aiter is not installed (scripts/install_aiter_ci.sh installs it with the ROCm stand-ins)",
 )
 
-from aiter_fused import override  # noqa: E402
 from aiter_stub import stand_ins  # noqa: E402
 from aiter_stub.recording_kernel import AITER_FORWARD_OPS  # noqa: E402
+
+from aiter_fused import override  # noqa: E402
 
 # (public function, autograd Function whose forward calls the hooked global, hooked global, AITER ops it reaches)
 ROUTES = [
     ("flash_attn_func", "FlashAttnFunc", "_flash_attn_forward", ("mha_fwd", "fmha_v3_fwd")),
-    ("flash_attn_varlen_func", "FlashAttnVarlenFunc", "_flash_attn_varlen_forward",
-     ("mha_varlen_fwd", "fmha_v3_varlen_fwd")),
+    (
+        "flash_attn_varlen_func",
+        "FlashAttnVarlenFunc",
+        "_flash_attn_varlen_forward",
+        ("mha_varlen_fwd", "fmha_v3_varlen_fwd"),
+    ),
 ]
 ROUTE_IDS = [route[0] for route in ROUTES]
 
 # The parameters of the hooked functions in amd-aiter 0.1.7.post2.dev18, as audited for the override.
 AUDITED_PARAMETERS = {
     "_flash_attn_forward": [
-        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left", "window_size_right", "bias",
-        "alibi_slopes", "return_lse", "return_softmax", "how_v3_bf16_cvt", "cu_seqlens_q", "cu_seqlens_kv",
+        "q",
+        "k",
+        "v",
+        "dropout_p",
+        "softmax_scale",
+        "causal",
+        "window_size_left",
+        "window_size_right",
+        "bias",
+        "alibi_slopes",
+        "return_lse",
+        "return_softmax",
+        "how_v3_bf16_cvt",
+        "cu_seqlens_q",
+        "cu_seqlens_kv",
     ],
     "_flash_attn_varlen_forward": [
-        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded",
-        "max_seqlen_q", "max_seqlen_k", "min_seqlen_q", "dropout_p", "softmax_scale", "causal",
-        "logits_soft_cap", "window_size_left", "window_size_right", "bias", "alibi_slopes", "return_lse",
-        "return_softmax", "how_v3_bf16_cvt", "block_table", "out", "zero_tensors",
+        "q",
+        "k",
+        "v",
+        "cu_seqlens_q",
+        "cu_seqlens_k",
+        "cu_seqlens_q_padded",
+        "cu_seqlens_k_padded",
+        "max_seqlen_q",
+        "max_seqlen_k",
+        "min_seqlen_q",
+        "dropout_p",
+        "softmax_scale",
+        "causal",
+        "logits_soft_cap",
+        "window_size_left",
+        "window_size_right",
+        "bias",
+        "alibi_slopes",
+        "return_lse",
+        "return_softmax",
+        "how_v3_bf16_cvt",
+        "block_table",
+        "out",
+        "zero_tensors",
     ],
 }
 
@@ -128,5 +166,6 @@ def test_forward_fake_outputs_keep_their_layout(mha):
     qv, kv = q[0], k[0]
     cu = torch.empty(2, dtype=torch.int32, device="meta")
     out, lse, p, rng_state = mha.gen_mha_varlen_fwd_fake_tensor(
-        qv, kv, kv, cu, cu, 5, 7, 0, 0.0, 0.1, 0.0, False, False, -1, -1, True, False)
+        qv, kv, kv, cu, cu, 5, 7, 0, 0.0, 0.1, 0.0, False, False, -1, -1, True, False
+    )
     assert (out.shape, lse.shape, lse.dtype) == (qv.shape, (4, 5), torch.float32)

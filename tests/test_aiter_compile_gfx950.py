@@ -27,8 +27,9 @@ def _env(tmp_path):
 
 
 def _run(arguments, tmp_path, timeout=1200):
-    result = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, env=_env(tmp_path),
-                            cwd=REPO, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, *arguments], capture_output=True, text=True, env=_env(tmp_path), cwd=REPO, timeout=timeout
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -41,8 +42,19 @@ def audits(tmp_path_factory):
     def get(arch):
         if arch not in cache:
             tmp_path = tmp_path_factory.mktemp(arch)
-            _run(["-m", "aiter_fused.compile_check", "--arch", arch, "--matrix", "ci", "--json",
-                  str(tmp_path / "audit.json")], tmp_path)
+            _run(
+                [
+                    "-m",
+                    "aiter_fused.compile_check",
+                    "--arch",
+                    arch,
+                    "--matrix",
+                    "ci",
+                    "--json",
+                    str(tmp_path / "audit.json"),
+                ],
+                tmp_path,
+            )
             cache[arch] = json.loads((tmp_path / "audit.json").read_text())
         return cache[arch]
 
@@ -55,7 +67,9 @@ def audit(request, audits):
 
 
 def _attention(audit, dot_mode="any"):
-    return [r for r in audit["configs"] if r["kernel"] == "attention" and (dot_mode == "any" or r["dot_mode"] == dot_mode)]
+    return [
+        r for r in audit["configs"] if r["kernel"] == "attention" and (dot_mode == "any" or r["dot_mode"] == dot_mode)
+    ]
 
 
 def test_every_configuration_compiles_and_the_triton_pin_is_recorded(audit):
@@ -99,8 +113,11 @@ def test_gfx950_scaled_path_runs_on_the_scaled_mfma(audits):
     dot_scaled takes no fp6: MXFP6's fp6 rate stays unused, recorded in the JSON, not asserted)."""
     scaled = _attention(audits("gfx950"), "scaled")
     assert len(scaled) == 12
-    expected_formats = {"mxfp8": {("fp8_e4m3", "fp8_e4m3")}, "mxfp6": {("fp8_e4m3", "fp8_e4m3")},
-                        "mxfp4": {("fp4_e2m1", "fp4_e2m1"), ("fp4_e2m1", "fp8_e4m3")}}
+    expected_formats = {
+        "mxfp8": {("fp8_e4m3", "fp8_e4m3")},
+        "mxfp6": {("fp8_e4m3", "fp8_e4m3")},
+        "mxfp4": {("fp4_e2m1", "fp4_e2m1"), ("fp4_e2m1", "fp8_e4m3")},
+    }
     for record in scaled:
         assert {m["instruction"] for m in record["mfma"]} == {SCALED_MFMA}, record["name"]
         formats = {(m["a_format"], m["b_format"]) for m in record["mfma"]}
@@ -127,7 +144,9 @@ def test_mfma_operand_formats_are_read_from_the_instruction():
         """)
     record = read_amdgcn(asm)
     assert [(m["a_format"], m["b_format"], m["count"]) for m in record["mfma"]] == [
-        ("fp6_e2m3", "fp4_e2m1", 1), ("fp8_e4m3", "fp8_e4m3", 1)]
+        ("fp6_e2m3", "fp4_e2m1", 1),
+        ("fp8_e4m3", "fp8_e4m3", 1),
+    ]
     assert record["main_loop"] == {"valu": 1, "mfma": 2, "lds": 0, "salu": 1}
     assert (record["vgpr_count"], record["agpr_count"], record["waves_per_simd"]) == (40, 16, 12)
 

@@ -22,11 +22,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from aiter_fused.attention import fused_softmax_attention, fused_softmax_attention_varlen  # noqa: E402
+from aiter_fused.tolerances import OUT_REL_TOL, lse_ok, lse_stats  # noqa: E402
 from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,
 )
-from aiter_fused.tolerances import OUT_REL_TOL, lse_ok, lse_stats  # noqa: E402
 from tests.test_fused_softmax import ADVERSARIAL, adversarial_qkv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,8 +35,10 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 
 # Triton 3.6's interpreter has no dot_scaled (module docstring): the "scaled" dot mode runs compiled, on a GPU.
-_NEEDS_GPU_FOR_SCALED = [pytest.mark.gpu, pytest.mark.skipif(
-    DEVICE == "cpu", reason="needs a CUDA GPU (Triton 3.6's interpreter has no dot_scaled)")]
+_NEEDS_GPU_FOR_SCALED = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE == "cpu", reason="needs a CUDA GPU (Triton 3.6's interpreter has no dot_scaled)"),
+]
 
 
 def _randn(*shape, gen):
@@ -59,21 +61,42 @@ def _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, mx_format):
         assert stats["lse_max_diff"] < 1e-5, stats
 
 
-@pytest.mark.parametrize("mx_format,causal,dot_mode", [
-    ("mxfp8", False, "bf16"), pytest.param("mxfp6", True, "scaled", marks=_NEEDS_GPU_FOR_SCALED), ("mxfp4", True, "bf16"),
-    pytest.param("mxfp4", False, "scaled", marks=_NEEDS_GPU_FOR_SCALED),
-    ("mxfp8", True, "fp8"), ("mxfp4", False, "fp8"),
-])
+@pytest.mark.parametrize(
+    "mx_format,causal,dot_mode",
+    [
+        ("mxfp8", False, "bf16"),
+        pytest.param("mxfp6", True, "scaled", marks=_NEEDS_GPU_FOR_SCALED),
+        ("mxfp4", True, "bf16"),
+        pytest.param("mxfp4", False, "scaled", marks=_NEEDS_GPU_FOR_SCALED),
+        ("mxfp8", True, "fp8"),
+        ("mxfp4", False, "fp8"),
+    ],
+)
 def test_kernel_matches_reference(mx_format, causal, dot_mode):
     gen = torch.Generator().manual_seed(11)
     q, k, v = _randn(1, 37, 4, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen)
-    out, lse, recoveries = fused_softmax_attention(q, k, v, causal=causal, mx_format=mx_format, tile_n=32,
-                                                   dot_mode=dot_mode, recovery_threshold=2.0,
-                                                   return_recoveries=True)
+    out, lse, recoveries = fused_softmax_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        mx_format=mx_format,
+        tile_n=32,
+        dot_mode=dot_mode,
+        recovery_threshold=2.0,
+        return_recoveries=True,
+    )
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (1, 4, 37)
     ref_out, ref_lse, counters = fused_softmax_attention_reference(
-        q.cpu(), k.cpu(), v.cpu(), causal=causal, mx_format=mx_format, tile_n=32, recovery_threshold=2.0,
-        return_counters=True)
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        causal=causal,
+        mx_format=mx_format,
+        tile_n=32,
+        recovery_threshold=2.0,
+        return_counters=True,
+    )
     _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, mx_format)
     assert torch.equal(recoveries.cpu().long(), counters["recoveries"])
     assert counters["recoveries"].sum() > 0  # threshold 2 makes recoveries happen on plain N(0, 1) data
@@ -87,11 +110,18 @@ def test_kernel_head_dim_128_and_default_tile(dot_mode):
 
     gen = torch.Generator().manual_seed(12)
     q, k, v = _randn(2, 20, 2, 128, gen=gen), _randn(2, 150, 1, 128, gen=gen), _randn(2, 150, 1, 128, gen=gen)
-    out, lse, recoveries = fused_softmax_attention(q, k, v, mx_format="mxfp8", dot_mode=dot_mode,
-                                                   recovery_threshold=1.0, return_recoveries=True)
+    out, lse, recoveries = fused_softmax_attention(
+        q, k, v, mx_format="mxfp8", dot_mode=dot_mode, recovery_threshold=1.0, return_recoveries=True
+    )
     ref_out, ref_lse, counters = fused_softmax_attention_reference(
-        q.cpu(), k.cpu(), v.cpu(), mx_format="mxfp8", recovery_threshold=1.0, return_counters=True,
-        tile_n=launch_for(q.device)[1].tile_n)
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        mx_format="mxfp8",
+        recovery_threshold=1.0,
+        return_counters=True,
+        tile_n=launch_for(q.device)[1].tile_n,
+    )
     _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, "mxfp8")
     assert torch.equal(recoveries.cpu().long(), counters["recoveries"]) and counters["recoveries"].sum() > 0
 
@@ -102,15 +132,39 @@ def test_kernel_varlen_with_empty_and_fully_masked_rows(dot_mode, tile_n):
     cu_q = torch.tensor([0, 3, 3, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 70, 75, 85], dtype=torch.int32)  # last sequence: 37 queries, 10 keys (causal)
     q, k, v = _randn(40, 2, 32, gen=gen), _randn(85, 1, 32, gen=gen), _randn(85, 1, 32, gen=gen)
-    out, lse = fused_softmax_attention_varlen(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 37, 70, causal=True,
-                                              mx_format="mxfp6", tile_n=tile_n, dot_mode=dot_mode)
-    ref_out, ref_lse = fused_softmax_attention_reference_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, causal=True,
-                                                                mx_format="mxfp6", tile_n=tile_n)
+    out, lse = fused_softmax_attention_varlen(
+        q,
+        k,
+        v,
+        cu_q.to(DEVICE),
+        cu_k.to(DEVICE),
+        37,
+        70,
+        causal=True,
+        mx_format="mxfp6",
+        tile_n=tile_n,
+        dot_mode=dot_mode,
+    )
+    ref_out, ref_lse = fused_softmax_attention_reference_varlen(
+        q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, causal=True, mx_format="mxfp6", tile_n=tile_n
+    )
     assert lse.shape == (2, 40)
     assert torch.all(out[3:30].float() == 0) and torch.all(lse[:, 3:30] == -math.inf)
     _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, "mxfp6")
-    unchecked = fused_softmax_attention_varlen(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 37, 70, causal=True,
-                                               mx_format="mxfp6", tile_n=tile_n, dot_mode=dot_mode, validate=False)
+    unchecked = fused_softmax_attention_varlen(
+        q,
+        k,
+        v,
+        cu_q.to(DEVICE),
+        cu_k.to(DEVICE),
+        37,
+        70,
+        causal=True,
+        mx_format="mxfp6",
+        tile_n=tile_n,
+        dot_mode=dot_mode,
+        validate=False,
+    )
     assert torch.equal(unchecked[0], out) and torch.equal(unchecked[1], lse)
 
 
@@ -124,10 +178,12 @@ def test_fp8_varlen_short_rows_match_reference_with_fp32_sums():
     cu_q = torch.tensor([0, 1, 41, 41, 111], dtype=torch.int32)
     cu_k = torch.tensor([0, 5, 69, 86, 126], dtype=torch.int32)
     q, k, v = _randn(111, 4, 128, gen=gen), _randn(126, 1, 128, gen=gen), _randn(126, 1, 128, gen=gen)
-    out, lse = fused_softmax_attention_varlen(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 70, 64, causal=True,
-                                              mx_format="mxfp8", dot_mode="fp8")
-    ref_out, ref_lse = fused_softmax_attention_reference_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, causal=True,
-                                                                mx_format="mxfp8")
+    out, lse = fused_softmax_attention_varlen(
+        q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 70, 64, causal=True, mx_format="mxfp8", dot_mode="fp8"
+    )
+    ref_out, ref_lse = fused_softmax_attention_reference_varlen(
+        q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, causal=True, mx_format="mxfp8"
+    )
     _assert_close_to_reference(out, lse, ref_out, ref_lse, "fp8", "mxfp8")
     finite = torch.isfinite(ref_lse)
     assert (~finite).sum() == 4 * 30  # the last sequence's first 30 rows see no key
@@ -165,10 +221,12 @@ def test_kernel_never_misses_a_recovery(name):
     """FP8 path, tile_n 64: a tile max taken over two 32-key sub-tiles must see every late score."""
     q, k, v, scale = adversarial_qkv(name, 320)
     q, k, v = (t.bfloat16().to(DEVICE) for t in (q, k, v))
-    out, lse, recoveries = fused_softmax_attention(q, k, v, softmax_scale=scale, tile_n=64, mx_format="mxfp8",
-                                                   dot_mode="fp8", return_recoveries=True)
-    ref_out, ref_lse, counters = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), softmax_scale=scale,
-                                                                   tile_n=64, return_counters=True)
+    out, lse, recoveries = fused_softmax_attention(
+        q, k, v, softmax_scale=scale, tile_n=64, mx_format="mxfp8", dot_mode="fp8", return_recoveries=True
+    )
+    ref_out, ref_lse, counters = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), softmax_scale=scale, tile_n=64, return_counters=True
+    )
     assert torch.equal(recoveries.cpu().long(), counters["recoveries"])
     assert torch.isfinite(out.float()).all()
     _assert_close_to_reference(out, lse, ref_out, ref_lse, "fp8", "mxfp8")
@@ -180,8 +238,11 @@ def test_dot_mode_the_architecture_cannot_compile_is_refused(monkeypatch):
 
     monkeypatch.setattr(attention, "launch_for", lambda device: ("gfx942", launch.LAUNCHES["gfx942"]))
     q = _randn(1, 8, 1, 64, gen=torch.Generator().manual_seed(17))
-    with pytest.raises(ValueError, match=r"dot_mode='scaled' does not compile for gfx942; accepted there: "
-                                         r"\('bf16', 'fp8'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"dot_mode='scaled' does not compile for gfx942; accepted there: "
+        r"\('bf16', 'fp8'\)",
+    ):
         fused_softmax_attention(q, q, q, dot_mode="scaled")
 
 
@@ -213,7 +274,7 @@ def test_bad_arguments():
         fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu.flip(0), 8, 8)
 
 
-_SM90_COMPILE = textwrap.dedent("""
+_SM90_COMPILE = textwrap.dedent(r"""
     import json, re, triton, triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -244,12 +305,20 @@ def test_kernel_compiles_for_sm90(tmp_path):
     interpreter mode."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    result = subprocess.run([sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True, env=env,
-                            cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _SM90_COMPILE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     instructions = json.loads(result.stdout.strip().splitlines()[-1])
-    assert instructions["fp8"] == ["wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3",
-                                   "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], instructions
+    assert instructions["fp8"] == [
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3",
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
+    ], instructions
     assert instructions["bf16"] and all(name.endswith(".f32.bf16.bf16") for name in instructions["bf16"]), instructions
 
 
@@ -262,21 +331,33 @@ def test_default_dot_mode_and_no_host_sync():
 
     major = torch.cuda.get_device_capability()[0]
     if torch.version.hip is None:
-        assert _default_dot_mode(arch_of(torch.device("cuda"))) == {9: "fp8"}.get(major, "scaled" if major >= 10 else "bf16")
+        assert _default_dot_mode(arch_of(torch.device("cuda"))) == {9: "fp8"}.get(
+            major, "scaled" if major >= 10 else "bf16"
+        )
     gen = torch.Generator().manual_seed(16)
     q, k, v = _randn(2, 100, 4, 64, gen=gen), _randn(2, 90, 2, 64, gen=gen), _randn(2, 90, 2, 64, gen=gen)
     cu_q = torch.tensor([0, 100, 200], dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0, 90, 180], dtype=torch.int32, device=DEVICE)
     for dot_mode in ("bf16", "fp8"):
         fused_softmax_attention(q, k, v, dot_mode=dot_mode)  # compile outside the checked region
-        fused_softmax_attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 100, 90,
-                                       dot_mode=dot_mode, validate=False)
+        fused_softmax_attention_varlen(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 100, 90, dot_mode=dot_mode, validate=False
+        )
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
             dense, _ = fused_softmax_attention(q, k, v, dot_mode=dot_mode)
-            packed, _ = fused_softmax_attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
-                                                       100, 90, dot_mode=dot_mode, validate=False)
+            packed, _ = fused_softmax_attention_varlen(
+                q.flatten(0, 1),
+                k.flatten(0, 1),
+                v.flatten(0, 1),
+                cu_q,
+                cu_k,
+                100,
+                90,
+                dot_mode=dot_mode,
+                validate=False,
+            )
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert torch.equal(dense.flatten(0, 1), packed)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from aiter_stub.recording_kernel import RecordingKernel
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aiter_stub.recording_kernel import RecordingKernel
 from fa4_rowmax.reference.fused_softmax import fused_softmax_attention_reference
 
 BF16 = torch.bfloat16
@@ -28,8 +28,11 @@ def kernel(monkeypatch):
 
 def _dense(seed=0, batch=2, seqlen_q=37, seqlen_k=45, heads_q=4, heads_k=2, head_dim=64):
     generator = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_k, head_dim),
-              (batch, seqlen_k, heads_k, head_dim)]
+    shapes = [
+        (batch, seqlen_q, heads_q, head_dim),
+        (batch, seqlen_k, heads_k, head_dim),
+        (batch, seqlen_k, heads_k, head_dim),
+    ]
     return [torch.randn(shape, generator=generator).to(BF16) for shape in shapes]
 
 
@@ -47,9 +50,24 @@ def test_ops_are_registered_with_their_schema():
     dense = torch.ops.aiter_fused.fwd.default._schema
     varlen = torch.ops.aiter_fused.fwd_varlen.default._schema
     assert [a.name for a in dense.arguments] == [
-        "q", "k", "v", "causal", "softmax_scale", "mx_format", "exact", "recovery_threshold"]
+        "q",
+        "k",
+        "v",
+        "causal",
+        "softmax_scale",
+        "mx_format",
+        "exact",
+        "recovery_threshold",
+    ]
     assert [a.name for a in varlen.arguments][:7] == [
-        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
+        "q",
+        "k",
+        "v",
+        "cu_seqlens_q",
+        "cu_seqlens_k",
+        "max_seqlen_q",
+        "max_seqlen_k",
+    ]
     assert len(dense.returns) == len(varlen.returns) == 2
     assert not any(a.alias_info for a in (*dense.arguments, *varlen.arguments))  # pure: mutates nothing
 
@@ -59,9 +77,15 @@ def test_real_impl_calls_the_kernel_entry(kernel):
     out, lse = torch.ops.aiter_fused.fwd(q, k, v, True, 0.2, "mxfp6", False)
     (call,) = kernel.calls
     assert (call["entry"], call["causal"], call["softmax_scale"], call["mx_format"], call["exact"]) == (
-        "dense", True, 0.2, "mxfp6", False)
-    expected_out, expected_lse = fused_softmax_attention_reference(q, k, v, causal=True, softmax_scale=0.2,
-                                                                   mx_format="mxfp6")
+        "dense",
+        True,
+        0.2,
+        "mxfp6",
+        False,
+    )
+    expected_out, expected_lse = fused_softmax_attention_reference(
+        q, k, v, causal=True, softmax_scale=0.2, mx_format="mxfp6"
+    )
     torch.testing.assert_close(out, expected_out.to(BF16), atol=0, rtol=0)
     torch.testing.assert_close(lse, expected_lse, atol=0, rtol=0, equal_nan=True)
 
@@ -85,8 +109,9 @@ def test_opcheck_dense_and_varlen(kernel):
     q, k, v = _dense()
     torch.library.opcheck(torch.ops.aiter_fused.fwd.default, (q, k, v, True, None, "mxfp8", False))
     qv, kv, vv, cu_q, cu_k = _varlen()
-    torch.library.opcheck(torch.ops.aiter_fused.fwd_varlen.default,
-                          (qv, kv, vv, cu_q, cu_k, 7, 21, True, 0.1, "mxfp4", False))
+    torch.library.opcheck(
+        torch.ops.aiter_fused.fwd_varlen.default, (qv, kv, vv, cu_q, cu_k, 7, 21, True, 0.1, "mxfp4", False)
+    )
     assert kernel.calls
 
 
@@ -117,13 +142,14 @@ def test_kernel_entries_accept_what_the_ops_pass():
     from aiter_fused import attention
 
     q, k, v = _dense()
-    options = dict(causal=True, softmax_scale=None, mx_format="mxfp8", exact=False, return_lse=True,
-                   recovery_threshold=8.0)
+    options = dict(
+        causal=True, softmax_scale=None, mx_format="mxfp8", exact=False, return_lse=True, recovery_threshold=8.0
+    )
     inspect.signature(attention.fused_softmax_attention).bind(q, k, v, **options)
     qv, kv, vv, cu_q, cu_k = _varlen()
     inspect.signature(attention.fused_softmax_attention_varlen).bind(
-        qv, kv, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=21, validate=False,
-        **options)
+        qv, kv, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=21, validate=False, **options
+    )
 
 
 def test_kernel_takes_every_head_dim_the_override_serves():

@@ -27,10 +27,11 @@ pytestmark = pytest.mark.skipif(
     reason="amd-aiter is not installed (scripts/install_aiter_ci.sh installs it with the ROCm stand-ins)",
 )
 
-import aiter_fused  # noqa: E402
-from aiter_fused import override, vllm_plugin  # noqa: E402
 from aiter_stub import stand_ins  # noqa: E402
 from aiter_stub.recording_kernel import RecordingKernel, intercept_aiter_ops  # noqa: E402
+
+import aiter_fused  # noqa: E402
+from aiter_fused import override, vllm_plugin  # noqa: E402
 from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,
@@ -39,8 +40,7 @@ from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
 
 BF16 = torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.ENABLE_ENV,
-                override.CK_ENV)
+ENV_SWITCHES = (override.DISABLE_ENV, override.FORMAT_ENV, override.EXACT_ENV, vllm_plugin.ENABLE_ENV, override.CK_ENV)
 
 
 @pytest.fixture(scope="session")
@@ -269,11 +269,41 @@ def test_install_warns_about_unknown_aiter_arguments(aiter, kernel, aiter_ops, m
 
     original = mha._flash_attn_forward
 
-    def newer_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, bias,
-                      alibi_slopes, return_lse, return_softmax, how_v3_bf16_cvt=1, cu_seqlens_q=None,
-                      cu_seqlens_kv=None, new_feature=None):
-        return original(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, bias,
-                        alibi_slopes, return_lse, return_softmax, how_v3_bf16_cvt, cu_seqlens_q, cu_seqlens_kv)
+    def newer_forward(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size_left,
+        window_size_right,
+        bias,
+        alibi_slopes,
+        return_lse,
+        return_softmax,
+        how_v3_bf16_cvt=1,
+        cu_seqlens_q=None,
+        cu_seqlens_kv=None,
+        new_feature=None,
+    ):
+        return original(
+            q,
+            k,
+            v,
+            dropout_p,
+            softmax_scale,
+            causal,
+            window_size_left,
+            window_size_right,
+            bias,
+            alibi_slopes,
+            return_lse,
+            return_softmax,
+            how_v3_bf16_cvt,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+        )
 
     monkeypatch.setattr(mha, "_flash_attn_forward", newer_forward)
     with caplog.at_level(logging.WARNING, logger="aiter_fused.override"):
@@ -292,21 +322,68 @@ def test_upstream_forward_arguments_are_served_or_fall_through(aiter, kernel, ai
 
     original = mha._flash_attn_forward
 
-    def upstream_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, sink_size,
-                         bias, alibi_slopes, q_descale, k_descale, v_descale, return_lse, return_softmax,
-                         how_v3_bf16_cvt=1, cu_seqlens_q=None, cu_seqlens_kv=None, sink_ptr=None, out=None,
-                         num_splits=1):
-        return original(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, bias,
-                        alibi_slopes, return_lse, return_softmax, how_v3_bf16_cvt, cu_seqlens_q, cu_seqlens_kv)
+    def upstream_forward(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size_left,
+        window_size_right,
+        sink_size,
+        bias,
+        alibi_slopes,
+        q_descale,
+        k_descale,
+        v_descale,
+        return_lse,
+        return_softmax,
+        how_v3_bf16_cvt=1,
+        cu_seqlens_q=None,
+        cu_seqlens_kv=None,
+        sink_ptr=None,
+        out=None,
+        num_splits=1,
+    ):
+        return original(
+            q,
+            k,
+            v,
+            dropout_p,
+            softmax_scale,
+            causal,
+            window_size_left,
+            window_size_right,
+            bias,
+            alibi_slopes,
+            return_lse,
+            return_softmax,
+            how_v3_bf16_cvt,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+        )
 
     monkeypatch.setattr(mha, "_flash_attn_forward", upstream_forward)
     with caplog.at_level(logging.WARNING, logger="aiter_fused.override"):
         override.install()
     assert caplog.text == ""
     q, k, v = _qkv(1, 16, 16, heads_q=2, heads_k=2, head_dim=64)
-    neutral = dict(dropout_p=0.0, softmax_scale=0.125, causal=True, window_size_left=-1, window_size_right=-1,
-                   sink_size=0, bias=None, alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None,
-                   return_lse=True, return_softmax=False)
+    neutral = dict(
+        dropout_p=0.0,
+        softmax_scale=0.125,
+        causal=True,
+        window_size_left=-1,
+        window_size_right=-1,
+        sink_size=0,
+        bias=None,
+        alibi_slopes=None,
+        q_descale=None,
+        k_descale=None,
+        v_descale=None,
+        return_lse=True,
+        return_softmax=False,
+    )
     out = torch.empty_like(q)
     result = mha._flash_attn_forward(q, k, v, **neutral, out=out, num_splits=4)
     assert len(kernel.calls) == 1 and aiter_ops == [] and result[0] is out
@@ -372,20 +449,24 @@ def test_real_kernel_through_flash_attn_func(aiter, aiter_ops, real_kernel, mx_f
         out, lse = aiter.flash_attn_func(q, k, v, causal=True, return_lse=True)
     assert aiter_ops == []
     expected_out, expected_lse = fused_softmax_attention_reference(
-        q.cpu(), k.cpu(), v.cpu(), causal=True, mx_format=mx_format, tile_n=_kernel_tile())
+        q.cpu(), k.cpu(), v.cpu(), causal=True, mx_format=mx_format, tile_n=_kernel_tile()
+    )
     _assert_matches_reference(out, lse, expected_out, expected_lse)
 
 
 def test_real_kernel_through_flash_attn_varlen_func(aiter, aiter_ops, real_kernel):
     seqlens_q, seqlens_k = [9, 40], [30, 17]  # the second sequence has fully masked causal rows
-    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in _varlen_qkv(seqlens_q, seqlens_k, heads_q=2, heads_k=1,
-                                                              head_dim=64, seed=6))
+    q, k, v, cu_q, cu_k = (
+        t.to(DEVICE) for t in _varlen_qkv(seqlens_q, seqlens_k, heads_q=2, heads_k=1, head_dim=64, seed=6)
+    )
     override.install()
-    out, lse = aiter.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True,
-                                            return_lse=True)
+    out, lse = aiter.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True, return_lse=True
+    )
     assert aiter_ops == []
     expected_out, expected_lse = fused_softmax_attention_reference_varlen(
-        q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True, tile_n=_kernel_tile())
+        q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True, tile_n=_kernel_tile()
+    )
     _assert_matches_reference(out, lse, expected_out, expected_lse)
 
 
@@ -497,8 +578,9 @@ def test_vllm_entry_point_is_declared():
 
 def _load_declared_entry_point():
     """The plugin as vLLM loads it: the installed package's `vllm.general_plugins` entry point."""
-    (entry_point,) = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
-                      if ep.name == "aiter_fused"]
+    (entry_point,) = [
+        ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins") if ep.name == "aiter_fused"
+    ]
     return entry_point.load()
 
 
@@ -555,18 +637,23 @@ def test_vllm_plugin_opt_in_installs_and_logs(aiter, kernel, aiter_ops, monkeypa
 
 def test_vllm_plugin_opt_in_needs_the_numerics_named(aiter, monkeypatch):
     monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
-    with pytest.raises(ValueError, match="AITER_FUSED_ENABLE=1 needs.*AITER_FUSED_FORMAT.*'mxfp8'.*AITER_FUSED_EXACT=1"):
+    with pytest.raises(
+        ValueError, match="AITER_FUSED_ENABLE=1 needs.*AITER_FUSED_FORMAT.*'mxfp8'.*AITER_FUSED_EXACT=1"
+    ):
         vllm_plugin.register()
     assert not override.is_installed()
 
 
-@pytest.mark.parametrize("name, value, accepted", [
-    ("AITER_FUSED_ENABLE", "true", "accepted values are '0', '1' or unset"),
-    ("AITER_FUSED_ENABLE", "yes", "accepted values are '0', '1' or unset"),
-    ("AITER_FUSED_DISABLE", "2", "accepted values are '0', '1' or unset"),
-    ("AITER_FUSED_EXACT", "on", "accepted values are '0', '1' or unset"),
-    ("AITER_FUSED_FORMAT", "mxfp9", "mx_format must be one of .*'mxfp8', 'mxfp6', 'mxfp4'"),
-])
+@pytest.mark.parametrize(
+    "name, value, accepted",
+    [
+        ("AITER_FUSED_ENABLE", "true", "accepted values are '0', '1' or unset"),
+        ("AITER_FUSED_ENABLE", "yes", "accepted values are '0', '1' or unset"),
+        ("AITER_FUSED_DISABLE", "2", "accepted values are '0', '1' or unset"),
+        ("AITER_FUSED_EXACT", "on", "accepted values are '0', '1' or unset"),
+        ("AITER_FUSED_FORMAT", "mxfp9", "mx_format must be one of .*'mxfp8', 'mxfp6', 'mxfp4'"),
+    ],
+)
 def test_vllm_plugin_rejects_unknown_switch_values(aiter, monkeypatch, name, value, accepted):
     """Without the opt-in too: a typo must not leave the user on stock numerics believing otherwise."""
     import aiter.ops.mha as mha

@@ -32,16 +32,16 @@ def _hard_blocks(tokens, heads, head_dim, gen):
     whole zero blocks, signed zeros, single spikes, subnormal-only blocks, NaN and +-Inf."""
     x = torch.randn(tokens, heads, head_dim // 32, 32, generator=gen, dtype=torch.float64)
     exponent = torch.randint(-135, 126, (tokens, heads, head_dim // 32, 1), generator=gen).double()
-    x = (x * 2.0 ** exponent).reshape(tokens, heads, head_dim).bfloat16()
+    x = (x * 2.0**exponent).reshape(tokens, heads, head_dim).bfloat16()
     x[0, 0, :32] = 0.0
     x[1, 0, :32] = -0.0
-    x[2, 0, :32] = torch.tensor(2.0 ** -133).bfloat16() * torch.randint(-3, 4, (32,), generator=gen)  # subnormals
+    x[2, 0, :32] = torch.tensor(2.0**-133).bfloat16() * torch.randint(-3, 4, (32,), generator=gen)  # subnormals
     x[3, 0, :32] = torch.tensor(3.3e38).bfloat16()  # BF16's largest binade
     x[3, 0, 1] = -1.0  # rounds to -0 next to the huge ones
     x[4, 0, 7] = float("nan")
     x[5, 0, 40 % head_dim] = float("inf")
     x[6, 0, 3] = -float("inf")
-    x[7, 0, 9] *= 2.0 ** 20  # a spike: the rest of its block rounds coarsely or to zero
+    x[7, 0, 9] *= 2.0**20  # a spike: the rest of its block rounds coarsely or to zero
     return x
 
 
@@ -95,7 +95,7 @@ def test_key_blocks_restart_per_sequence(fmt, keys_contiguous):
         if start == end:
             continue
         ref_scale, ref_elements = quantize_mx(v[start:end], fmt, dim=0)
-        _assert_bit_equal(scale[cu_blocks[s]:cu_blocks[s + 1]], elements[start:end], ref_scale, ref_elements)
+        _assert_bit_equal(scale[cu_blocks[s] : cu_blocks[s + 1]], elements[start:end], ref_scale, ref_elements)
 
 
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
@@ -145,10 +145,10 @@ def test_key_blocks_e2m1_packed_by_block():
         first, last = int(cu_blocks[s]), int(cu_blocks[s + 1])
         ref_scale, ref_elements = quantize_mx(v[start:end], "e2m1", dim=0)
         assert torch.equal(scale[first:last].cpu(), ref_scale)
-        codes = _unpack(elements[16 * first:16 * last].cpu(), 0)
-        finite = (ref_scale != 255).repeat_interleave(32, dim=0)[:end - start]
-        assert torch.equal(codes[:end - start][finite], _e2m1_codes(ref_elements)[finite])
-        assert bool((codes[end - start:] == 0).all())
+        codes = _unpack(elements[16 * first : 16 * last].cpu(), 0)
+        finite = (ref_scale != 255).repeat_interleave(32, dim=0)[: end - start]
+        assert torch.equal(codes[: end - start][finite], _e2m1_codes(ref_elements)[finite])
+        assert bool((codes[end - start :] == 0).all())
 
 
 def test_empty_and_bad_arguments():
@@ -198,7 +198,13 @@ def test_kernels_compile_for_sm90(tmp_path):
     Triton in interpreter mode."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path))
-    result = subprocess.run([sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True, env=env,
-                            cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _SM90_COMPILE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [True] * 4

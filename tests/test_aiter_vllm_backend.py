@@ -26,8 +26,9 @@ pytestmark = pytest.mark.skipif(
     reason="vllm or amd-aiter is not installed (scripts/install_vllm_ci.sh, scripts/install_aiter_ci.sh)",
 )
 
-from aiter_fused import override, vllm_plugin  # noqa: E402
 from aiter_stub import stand_ins  # noqa: E402
+
+from aiter_fused import override, vllm_plugin  # noqa: E402
 
 ROCM_AITER_FA = "vllm.v1.attention.backends.rocm_aiter_fa"
 REPO = Path(__file__).resolve().parents[1]
@@ -120,20 +121,24 @@ def test_a_foreign_registration_of_the_name_is_an_error(registry, clean_switches
 
 def test_registration_alone_imports_neither_the_backend_nor_aiter():
     """Without the opt-in the plugin binds a name and nothing more: no AITER import, no backend import."""
-    code = ("import sys, logging; logging.basicConfig(level=logging.INFO)\n"
-            "from aiter_fused import vllm_plugin; vllm_plugin.register()\n"
-            "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E\n"
-            "print(E['AITER_FUSED'].get_path(), 'aiter' in sys.modules, 'aiter_fused.vllm_backend' in sys.modules)")
+    code = (
+        "import sys, logging; logging.basicConfig(level=logging.INFO)\n"
+        "from aiter_fused import vllm_plugin; vllm_plugin.register()\n"
+        "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E\n"
+        "print(E['AITER_FUSED'].get_path(), 'aiter' in sys.modules, 'aiter_fused.vllm_backend' in sys.modules)"
+    )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["aiter_fused.vllm_backend.AiterFusedBackend", "False", "False"]
     assert "AITER is left untouched" in result.stderr
 
 
-def test_selected_backend_resolves_and_its_impl_installs_the_override(registry, clean_switches, rocm_aiter_fa,
-                                                                      aiter, caplog):
+def test_selected_backend_resolves_and_its_impl_installs_the_override(
+    registry, clean_switches, rocm_aiter_fa, aiter, caplog
+):
     """vLLM's path for `--attention-backend AITER_FUSED`: the enum member's class, looked up again by its
     get_name() (vLLM's attention layer does `AttentionBackendEnum[backend.get_name()]`), then the impl
     built in the worker: that is the opt-in, so the override is installed there, and logged."""
@@ -154,8 +159,7 @@ def test_selected_backend_resolves_and_its_impl_installs_the_override(registry, 
     assert override.is_installed() and "attention backend AITER_FUSED selected" in caplog.text
 
 
-def test_selected_backend_honours_the_kill_switch(registry, clean_switches, rocm_aiter_fa, aiter, monkeypatch,
-                                                  caplog):
+def test_selected_backend_honours_the_kill_switch(registry, clean_switches, rocm_aiter_fa, aiter, monkeypatch, caplog):
     vllm_plugin.register()
     monkeypatch.setenv(override.DISABLE_ENV, "1")
     impl_cls = registry.AttentionBackendEnum["AITER_FUSED"].get_class().get_impl_cls()
@@ -168,15 +172,31 @@ def test_rocm_aiter_fa_source_has_what_the_backend_builds_on(registry):
     """The installed vLLM's rocm_aiter_fa.py (parsed, not imported) defines the parents with the members
     our subclasses override, and its impl reaches AITER through flash_attn_varlen_func (the call the
     AITER override serves; Note [Which vLLM paths reach the fused kernel])."""
-    source = Path(importlib.util.find_spec("vllm").submodule_search_locations[0], "v1/attention/backends/rocm_aiter_fa.py")
+    source = Path(
+        importlib.util.find_spec("vllm").submodule_search_locations[0], "v1/attention/backends/rocm_aiter_fa.py"
+    )
     tree = ast.parse(source.read_text())
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-    members = {name: {item.name if not isinstance(item, ast.AnnAssign) else item.target.id
-                      for item in node.body if isinstance(item, (ast.FunctionDef, ast.AnnAssign))}
-               for name, node in classes.items()}
-    assert {"get_name", "get_impl_cls", "get_supported_head_sizes", "supports_sink", "supports_sliding_window",
-            "supported_dtypes"} <= members["AiterFlashAttentionBackend"]
+    members = {
+        name: {
+            item.name if not isinstance(item, ast.AnnAssign) else item.target.id
+            for item in node.body
+            if isinstance(item, (ast.FunctionDef, ast.AnnAssign))
+        }
+        for name, node in classes.items()
+    }
+    assert {
+        "get_name",
+        "get_impl_cls",
+        "get_supported_head_sizes",
+        "supports_sink",
+        "supports_sliding_window",
+        "supported_dtypes",
+    } <= members["AiterFlashAttentionBackend"]
     assert {"__init__", "forward", "extend_forward"} <= members["AiterFlashAttentionImpl"]
-    calls = [node.func.attr for node in ast.walk(classes["AiterFlashAttentionImpl"])
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    calls = [
+        node.func.attr
+        for node in ast.walk(classes["AiterFlashAttentionImpl"])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    ]
     assert calls.count("flash_attn_varlen_func") >= 3  # prefill, extend (context chunks and suffix), SWA

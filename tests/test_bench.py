@@ -12,14 +12,41 @@ import pytest
 import torch
 
 from bench import env_info
-from bench.check import check_batches, check_output, make_inputs, reference_attention
-from bench.kernels import (BASELINE, DEFAULT_KERNELS, DOT_MODE_KERNELS, KERNELS, MAP_KERNELS, QUICK_KERNELS, h15_map_name,
-                           missing_kwargs)
 from bench.__main__ import group_key
-from bench.report import (gpu_slug, map_pivot, markdown_report, new_row, read_json, seqlen_pivot, speedup_cell,
-                          write_json, write_plots)
-from bench.sweep import (FOCUS_SEQLEN, GQA_HEADS_KV, HEADS_Q, TOKENS, Shape, attention_flops, build_plan,
-                         make_shape, parse_seqlen, tflops)
+from bench.check import check_batches, check_output, make_inputs, reference_attention
+from bench.kernels import (
+    BASELINE,
+    DEFAULT_KERNELS,
+    DOT_MODE_KERNELS,
+    KERNELS,
+    MAP_KERNELS,
+    QUICK_KERNELS,
+    h15_map_name,
+    missing_kwargs,
+)
+from bench.report import (
+    gpu_slug,
+    map_pivot,
+    markdown_report,
+    new_row,
+    read_json,
+    seqlen_pivot,
+    speedup_cell,
+    write_json,
+    write_plots,
+)
+from bench.sweep import (
+    FOCUS_SEQLEN,
+    GQA_HEADS_KV,
+    HEADS_Q,
+    TOKENS,
+    Shape,
+    attention_flops,
+    build_plan,
+    make_shape,
+    parse_seqlen,
+    tflops,
+)
 from bench.timing import median, per_round_speedups, rotation_count, round_orders, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +55,13 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ---- statistics -------------------------------------------------------------------------------------------
+
 
 def test_median_odd_even_and_empty():
     assert median([3.0, 1.0, 2.0]) == 2.0
@@ -87,6 +116,7 @@ def test_round_orders_are_seeded_permutations():
 
 # ---- plan ---------------------------------------------------------------------------------------------------
 
+
 def test_full_plan_holds_tokens_constant_and_places_the_map_at_8k_causal():
     plan = build_plan(quick=False)
     assert all(BASELINE in g.kernels for g in plan)
@@ -109,8 +139,12 @@ def test_full_plan_holds_tokens_constant_and_places_the_map_at_8k_causal():
 
 def test_quick_plan_and_filters():
     quick = build_plan(quick=True)
-    assert [(g.shape.seqlen, g.shape.causal) for g in quick] == [(8192, True), (8192, False), (2048, True),
-                                                                 (2048, False)]
+    assert [(g.shape.seqlen, g.shape.causal) for g in quick] == [
+        (8192, True),
+        (8192, False),
+        (2048, True),
+        (2048, False),
+    ]
     assert all(g.kernels == QUICK_KERNELS and g.shape.dtype == "bf16" and g.shape.head_dim == 128 for g in quick)
     picked = build_plan(quick=False, kernel_patterns=["sdpa_*"], seqlens=[4096, 1000])
     assert all(g.kernels == (BASELINE, "sdpa_cudnn", "sdpa_flash") for g in picked)
@@ -153,6 +187,7 @@ def test_flops_formula_counts_two_gemms_and_halves_causal():
 
 
 # ---- reference and gate ----------------------------------------------------------------------------------------
+
 
 def naive_attention_fp64(q, k, v, causal, batch_indices):
     q, k, v = q.double(), k.double(), v.double()
@@ -213,7 +248,7 @@ def test_check_output_accepts_close_and_rejects_wrong_outputs():
 def test_gate_through_a_real_kernel_and_a_wrong_mask():
     """sdpa_flash runs on the CPU too: its layout handling must pass the gate, and the wrong mask must fail it."""
     shape = make_shape(96, causal=True, heads_q=4, heads_kv=2, head_dim=32, tokens=192)
-    (q, k, v), = make_inputs(shape, 1, "cpu", seed=5)
+    ((q, k, v),) = make_inputs(shape, 1, "cpu", seed=5)
     batches = check_batches(shape.batch)
     ref = reference_attention(q, k, v, shape.causal, batches)
     spec = KERNELS["sdpa_flash"]
@@ -237,12 +272,16 @@ def test_make_inputs_shapes_dtypes_and_independent_sets():
 
 # ---- kernel table ----------------------------------------------------------------------------------------------
 
+
 def test_kernel_table_contents():
     assert list(KERNELS)[0] == BASELINE
     assert len(MAP_KERNELS) == 24 and len(set(MAP_KERNELS)) == 24
     assert h15_map_name(4.0, 0.125) == "fa4_h15_t4_b0.125" and h15_map_name(4.0, 0.125) in KERNELS
-    assert dict(KERNELS["fa4_h15_t8_b0.375"].knobs) == {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0,
-                                                       "beta": 0.375}
+    assert dict(KERNELS["fa4_h15_t8_b0.375"].knobs) == {
+        "softmax_mode": "rowmax_h15",
+        "rescale_threshold": 8.0,
+        "beta": 0.375,
+    }
     assert {"aiter_mxfp8", "aiter_mxfp6_exact", "aiter_mxfp4", "sdpa_cudnn", "sdpa_flash"} <= set(DEFAULT_KERNELS)
     assert not set(MAP_KERNELS) & set(DEFAULT_KERNELS)
     assert set(QUICK_KERNELS) <= set(DEFAULT_KERNELS)
@@ -278,6 +317,7 @@ def test_patch_detection_by_signature():
     assert missing_kwargs(stock, ("softmax_mode", "beta")) == ["softmax_mode", "beta"]
     assert missing_kwargs(patched, ("softmax_mode", "rescale_threshold", "beta")) == []
     from flash_attn.cute import flash_attn_func
+
     missing = missing_kwargs(flash_attn_func, ("softmax_mode", "rescale_threshold", "beta"))
     reason = KERNELS["fa4_h15"].unavailable_reason()
     if missing:
@@ -289,6 +329,7 @@ def test_patch_detection_by_signature():
 
 # ---- report ----------------------------------------------------------------------------------------------------
 
+
 def fake_doc():
     rows = []
     for seqlen in (2048, 8192):
@@ -296,27 +337,50 @@ def fake_doc():
             shape = make_shape(seqlen, causal)
             for name, speed in ((BASELINE, 1.0), ("fa4_h15", 1.05), ("sdpa_cudnn", 0.9)):
                 row = new_row(shape, KERNELS[name])
-                row.update(status="ok", median_ms=2.0 / speed, tflops=500.0 * speed, speedup_vs_fa4_stock=speed,
-                           speedup_spread={"min": speed - 0.03, "q1": speed - 0.01, "median": speed,
-                                           "q3": speed + 0.02, "max": speed + 0.04},
-                           check={"passed": True, "rel_err": 2e-3, "max_abs_err": 1e-2, "tolerance": 1e-2,
-                                  "reason": ""})
+                row.update(
+                    status="ok",
+                    median_ms=2.0 / speed,
+                    tflops=500.0 * speed,
+                    speedup_vs_fa4_stock=speed,
+                    speedup_spread={
+                        "min": speed - 0.03,
+                        "q1": speed - 0.01,
+                        "median": speed,
+                        "q3": speed + 0.02,
+                        "max": speed + 0.04,
+                    },
+                    check={"passed": True, "rel_err": 2e-3, "max_abs_err": 1e-2, "tolerance": 1e-2, "reason": ""},
+                )
                 rows.append(row)
             aiter = new_row(shape, KERNELS["aiter_mxfp8"])
             aiter.update(status="unavailable", reason="cannot import aiter_fused.attention | ModuleNotFoundError")
             rows.append(aiter)
     for i, name in enumerate(MAP_KERNELS):
         row = new_row(make_shape(FOCUS_SEQLEN, True), KERNELS[name])
-        row.update(status="ok", median_ms=1.0, tflops=600.0, speedup_vs_fa4_stock=1.0 + i / 100,
-                   speedup_spread={"min": 0.9, "q1": 0.95, "median": 1.0, "q3": 1.05, "max": 1.1})
+        row.update(
+            status="ok",
+            median_ms=1.0,
+            tflops=600.0,
+            speedup_vs_fa4_stock=1.0 + i / 100,
+            speedup_spread={"min": 0.9, "q1": 0.95, "median": 1.0, "q3": 1.05, "max": 1.1},
+        )
         rows.append(row)
     failed = new_row(make_shape(FOCUS_SEQLEN, True), KERNELS["aiter_mxfp4"])
-    failed.update(status="check_failed", reason="relative error 0.7 > tolerance 0.4",
-                  check={"passed": False, "rel_err": 0.7, "max_abs_err": 3.0, "tolerance": 0.4, "reason": "x"})
+    failed.update(
+        status="check_failed",
+        reason="relative error 0.7 > tolerance 0.4",
+        check={"passed": False, "rel_err": 0.7, "max_abs_err": 3.0, "tolerance": 0.4, "reason": "x"},
+    )
     rows.append(failed)
     env = env_info.collect({"preset": "test"})
-    env["gpu"] = {"name": "NVIDIA H200", "capability": "9.0", "sm_count": 132, "memory_bytes": 1,
-                  "l2_cache_bytes": 50 * 2**20, "device_index": 0}
+    env["gpu"] = {
+        "name": "NVIDIA H200",
+        "capability": "9.0",
+        "sm_count": 132,
+        "memory_bytes": 1,
+        "l2_cache_bytes": 50 * 2**20,
+        "device_index": 0,
+    }
     return {"schema": 1, "env": env, "rows": rows}
 
 
@@ -386,6 +450,7 @@ def test_gpu_slug_and_env_info():
 
 # ---- CLI -------------------------------------------------------------------------------------------------------
 
+
 def test_cli_dry_run_prints_the_plan():
     proc = run_cli("--quick", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -433,8 +498,10 @@ def test_resume_keeps_finished_groups_and_refuses_other_settings():
         rows += [dict(new_row(group.shape, KERNELS[name]), status="ok") for name in group.kernels]
     rows[-1].update(status="skipped", reason="time budget (--max-minutes 5) spent")
     packages = {"torch": "2.11.0", "flash-attn-4": "4.0.0b36"}
-    doc = {"env": {"settings": settings, "gpu": {"name": "NVIDIA H200"}, "packages": packages},
-           "rows": json.loads(json.dumps(rows))}
+    doc = {
+        "env": {"settings": settings, "gpu": {"name": "NVIDIA H200"}, "packages": packages},
+        "rows": json.loads(json.dumps(rows)),
+    }
 
     longer = settings_of(parse_args(["--quick", "--max-minutes", "9"]))  # the budget may change
     done = finished_rows(doc, plan, longer, "NVIDIA H200", packages)
@@ -453,13 +520,22 @@ def test_resume_keeps_finished_groups_and_refuses_other_settings():
     with pytest.raises(ResumeError, match="package torch was '2.11.0' in the results file, now '2.12.0'"):
         finished_rows(doc, plan, settings, "NVIDIA H200", dict(packages, torch="2.12.0"))
 
-    doc["env"]["resumed"] = [{"date_utc": "2026-11-30T01:00:00+00:00", "host": "h", "git_commit": "abc",
-                              "nvidia_smi": {"clocks.sm": "345 MHz"}, "groups_kept": 1}]
-    assert "- resumed 2026-11-30T01:00:00+00:00 on h (commit abc, SM 345 MHz at start): kept 1" in \
-        markdown_report({"env": doc["env"], "rows": []})
+    doc["env"]["resumed"] = [
+        {
+            "date_utc": "2026-11-30T01:00:00+00:00",
+            "host": "h",
+            "git_commit": "abc",
+            "nvidia_smi": {"clocks.sm": "345 MHz"},
+            "groups_kept": 1,
+        }
+    ]
+    assert "- resumed 2026-11-30T01:00:00+00:00 on h (commit abc, SM 345 MHz at start): kept 1" in markdown_report(
+        {"env": doc["env"], "rows": []}
+    )
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------------
+
 
 @gpu
 @needs_cuda
@@ -478,8 +554,19 @@ def test_interleaved_timing_ranks_a_4x_larger_matmul_slower():
 @gpu
 @needs_cuda
 def test_quick_run_writes_results(tmp_path):
-    proc = run_cli("--quick", "--out", str(tmp_path), "--name", "t", "--rounds", "2", "--calls-per-round", "2",
-                   "--no-plots", timeout=600)
+    proc = run_cli(
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "t",
+        "--rounds",
+        "2",
+        "--calls-per-round",
+        "2",
+        "--no-plots",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = read_json(str(tmp_path / "t.json"))
     assert len(doc["rows"]) == 16 and (tmp_path / "t.md").exists()
@@ -490,6 +577,7 @@ def test_quick_run_writes_results(tmp_path):
 
 
 # ---- FP8 (issue 11): preset, peers, tolerance derivation -----------------------------------------------------
+
 
 def test_fp8_plan_covers_head_dims_seqlens_masks_and_gqa_with_the_goal_shapes_first():
     from bench.kernels import FP8_KERNELS, FP8_LEVER_KERNELS, FP8_LEVERS, FP8_MAP_KERNELS
@@ -545,11 +633,19 @@ def test_fp8_kernel_rows_and_support_rules():
     assert not probe.checked and probe.flops is None and dict(probe.knobs)["exp2_deleted"] is True
     assert all(KERNELS[name].checked for name in ("fa3_fp8", "cudnn_fp8", "fa4_fp8_h15"))
     assert len(FP8_MAP_KERNELS) == 8
-    assert dict(KERNELS["fa4_fp8_h15_fold_t0.4_n224"].knobs) == {"softmax_mode": "rowmax_h15", "rescale_threshold": 0.4,
-                                                                 "anchor_rounding": "half_octave", "tile_n": 224}
+    assert dict(KERNELS["fa4_fp8_h15_fold_t0.4_n224"].knobs) == {
+        "softmax_mode": "rowmax_h15",
+        "rescale_threshold": 0.4,
+        "anchor_rounding": "half_octave",
+        "tile_n": 224,
+    }
     assert "fa4_fp8_h15_t0_n128" in FP8_MAP_KERNELS and dict(KERNELS["fa4_fp8_exact_n224"].knobs)["tile_n"] == 224
-    assert dict(KERNELS["fa4_fp8_h15_fold_vote_mma"].knobs) == {"softmax_mode": "rowmax_h15", "anchor_rounding":
-                                                                "half_octave", "rescale_vote": True, "row_sum": "mma"}
+    assert dict(KERNELS["fa4_fp8_h15_fold_vote_mma"].knobs) == {
+        "softmax_mode": "rowmax_h15",
+        "anchor_rounding": "half_octave",
+        "rescale_vote": True,
+        "row_sum": "mma",
+    }
     cudnn = KERNELS["cudnn_fp8"]
     assert torch.equal(cudnn.output_for_check(torch.full((2,), 64.0).to(torch.float8_e4m3fn)), torch.ones(2))
     assert CUDNN_SCALE_O == 64 and "top-left" in dict(cudnn.knobs)["causal"]
@@ -594,19 +690,21 @@ def test_e4m3_noise_power_of_gaussian_values_and_softmax_weights():
 
 def test_fp8_error_model_matches_the_reference_and_fa3s_measurement():
     """The predicted output errors of Note [FP8 gate tolerances] against the CPU reference, and FA3-FP8's 5.3%."""
+    from bench.kernels import FA3_FP8_MEASURED_REL_ERROR, H15_WEIGHT_REL_ERROR, fp8_output_error
     from fa4_rowmax.config import SoftmaxConfig
     from fa4_rowmax.reference.attention import attention_reference
-    from bench.kernels import FA3_FP8_MEASURED_REL_ERROR, H15_WEIGHT_REL_ERROR, fp8_output_error
 
     generator = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 1024, 4, 128, generator=generator, dtype=torch.float64) for _ in range(3))
     q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
-    exact = attention_reference(q, k, v, SoftmaxConfig(tile_n=128, p_dtype=torch.float64),
-                                compute_dtype=torch.float64)[0]
+    exact = attention_reference(q, k, v, SoftmaxConfig(tile_n=128, p_dtype=torch.float64), compute_dtype=torch.float64)[
+        0
+    ]
     fp8 = dict(tile_n=128, max_offset=8, p_dtype=torch.float8_e4m3fn)
     same_inputs = [t.double() for t in (q8, k8, v8)]
-    upcast_exact = attention_reference(*same_inputs, SoftmaxConfig(tile_n=128, p_dtype=torch.float64),
-                                       compute_dtype=torch.float64)[0]
+    upcast_exact = attention_reference(
+        *same_inputs, SoftmaxConfig(tile_n=128, p_dtype=torch.float64), compute_dtype=torch.float64
+    )[0]
 
     def rel(out, ref):
         return ((out.double() - ref).norm() / ref.norm()).item()
@@ -619,8 +717,9 @@ def test_fp8_error_model_matches_the_reference_and_fa3s_measurement():
     predicted = fp8_output_error(roundings=4, accumulator=False)
     assert rel(fp8_out, exact) == pytest.approx(predicted, rel=0.15)
     assert predicted == pytest.approx(FA3_FP8_MEASURED_REL_ERROR, rel=0.05)  # the H200's FA3-FP8: 5.3%
-    h15 = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=128, p_dtype=torch.float64),
-                              compute_dtype=torch.float64)[0]
+    h15 = attention_reference(
+        q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=128, p_dtype=torch.float64), compute_dtype=torch.float64
+    )[0]
     assert rel(h15, exact) == pytest.approx(H15_WEIGHT_REL_ERROR, rel=0.25)
 
 
@@ -640,9 +739,29 @@ def test_fp8_tolerances_follow_the_derivation_and_stay_below_garbage():
 def test_fp8_run_times_the_peers_with_ratios(tmp_path):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the FP8 peers and the FP8 SM90 kernel are Hopper kernels")
-    proc = run_cli("--fp8", "--seqlens", "2K", "--kernels", "gemm_fp8", "fa3_fp8", "fa3_bf16", "cudnn_fp8",
-                   "fa4_stock_bf16", "fa4_fp8_exact", "fa4_fp8_h15", "--out", str(tmp_path), "--name", "t",
-                   "--rounds", "2", "--calls-per-round", "2", "--no-plots", timeout=600)
+    proc = run_cli(
+        "--fp8",
+        "--seqlens",
+        "2K",
+        "--kernels",
+        "gemm_fp8",
+        "fa3_fp8",
+        "fa3_bf16",
+        "cudnn_fp8",
+        "fa4_stock_bf16",
+        "fa4_fp8_exact",
+        "fa4_fp8_h15",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "t",
+        "--rounds",
+        "2",
+        "--calls-per-round",
+        "2",
+        "--no-plots",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_json(str(tmp_path / "t.json"))["rows"]
     by = {(r["kernel"], r["head_dim"], r["heads_kv"], r["causal"]): r for r in rows}

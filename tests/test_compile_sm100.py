@@ -7,23 +7,25 @@ The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow
 import re
 
 import pytest
-
-
 from compile_helpers import (  # noqa: E402
     DEFAULT_CONFIG,
     assert_every_configuration_compiled,
     assert_full_matrix_passes,
     assert_mufu_count_falls_as_beta_grows,
-    ci_report as compile_ci_report,
     compile_configs_sm103,
     full_matrix_only_on_request,
     h15_alu_pair_chains,
     h15_mufu_chains,
     mnemonic_counts,
     pot_alu_chains,
-    result as _result,
     sass,
     split_instruction,
+)
+from compile_helpers import (
+    ci_report as compile_ci_report,
+)
+from compile_helpers import (
+    result as _result,
 )
 
 ARCH = "sm100"
@@ -87,7 +89,9 @@ def _nan_row_weight_sites(instructions: list[str]) -> int:
         mnemonic, operands = split_instruction(instruction)
         for register, seen in list(pending.items()):
             if any(_reads(operand, register) for operand in operands[1:]):
-                seen.update(kind for kind, prefix in (("p", "F2FP"), ("row_sum", "FADD")) if mnemonic.startswith(prefix))
+                seen.update(
+                    kind for kind, prefix in (("p", "F2FP"), ("row_sum", "FADD")) if mnemonic.startswith(prefix)
+                )
             if seen == {"p", "row_sum"} or (operands and operands[0] == register):
                 sites += seen == {"p", "row_sum"}
                 del pending[register]
@@ -129,8 +133,9 @@ def test_a_nan_row_max_reaches_the_first_weight_of_each_tile(ci_report, name):
     counts = mnemonic_counts(instructions)
     sites = _nan_row_weight_sites(instructions)
     assert sites >= 1
-    nan_max_of_zero = sum(mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3]
-                          for mnemonic, operands in map(split_instruction, instructions))
+    nan_max_of_zero = sum(
+        mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3] for mnemonic, operands in map(split_instruction, instructions)
+    )
     assert nan_max_of_zero == sites
     if name in SAME_SHAPE_AS_STOCK:
         assert counts["FFMA"] - mnemonic_counts(sass(ci_report, ci_report["stock"]))["FFMA"] == sites
@@ -160,10 +165,14 @@ PAIR_SASS = [
 def test_the_chain_finder_on_hand_written_sass():
     """h15_alu_pair as sm_100a shows it: 2 chains; each broken link leaves the LEAs without a chain."""
     assert h15_alu_pair_chains(PAIR_SASS) == (2, 2)
-    for k, broken in ((1, "FMNMX.FTZ R72, R72, -126, !PT"), (2, "FMNMX.FTZ R73, R72, -127, !PT"),
-                      (3, "FADD2.FTZ R72, R72.F32x2.HI_LO, 12582912"), (3, "FADD2.FTZ R72, R74.F32x2.HI_LO, 6291456"),
-                      (0, "MOV R72, R10")):
-        assert h15_alu_pair_chains(PAIR_SASS[:k] + [broken] + PAIR_SASS[k + 1:])[0] == 0, broken
+    for k, broken in (
+        (1, "FMNMX.FTZ R72, R72, -126, !PT"),
+        (2, "FMNMX.FTZ R73, R72, -127, !PT"),
+        (3, "FADD2.FTZ R72, R72.F32x2.HI_LO, 12582912"),
+        (3, "FADD2.FTZ R72, R74.F32x2.HI_LO, 6291456"),
+        (0, "MOV R72, R10"),
+    ):
+        assert h15_alu_pair_chains(PAIR_SASS[:k] + [broken] + PAIR_SASS[k + 1 :])[0] == 0, broken
     assert h15_alu_pair_chains(PAIR_SASS[:6] + PAIR_SASS[7:]) == (0, 2)  # P never sees the weights
     nan_row = PAIR_SASS[:6] + ["FMNMX.NAN R3, RZ, R9", "FFMA R72, RZ, R3, R72"] + PAIR_SASS[6:]
     assert h15_alu_pair_chains(nan_row) == (2, 2)  # through nan_row_weight's FFMA
@@ -171,8 +180,10 @@ def test_the_chain_finder_on_hand_written_sass():
 
 def _elements(report) -> int:
     """Weights per kernel of the default shape: the MUFU.EX2 that beta 0 adds to the all-ALU H15 kernel."""
-    return (_result(report, mode="rowmax_h15", beta=0.0)["counts"]["MUFU.EX2"]
-            - _result(report, mode="rowmax_h15")["counts"]["MUFU.EX2"])
+    return (
+        _result(report, mode="rowmax_h15", beta=0.0)["counts"]["MUFU.EX2"]
+        - _result(report, mode="rowmax_h15")["counts"]["MUFU.EX2"]
+    )
 
 
 def test_every_weight_is_built_by_its_fragment(ci_report):
@@ -189,8 +200,9 @@ def test_every_weight_is_built_by_its_fragment(ci_report):
     ]
     for config, chains in expected:
         instructions = sass(ci_report, _result(ci_report, **config))
-        found = dict(pair=h15_alu_pair_chains(instructions), mufu=h15_mufu_chains(instructions),
-                     pot=pot_alu_chains(instructions))
+        found = dict(
+            pair=h15_alu_pair_chains(instructions), mufu=h15_mufu_chains(instructions), pot=pot_alu_chains(instructions)
+        )
         assert found == chains, (config, found)
         assert mnemonic_counts(instructions)["FADD2.FTZ"] * 2 == chains["pair"][0], config
 
@@ -212,8 +224,10 @@ LDRED_MAX = "LDTM.STAT.x32.MAX.F32"
 def sm103_report(tmp_path_factory):
     # Four compiles (exact, exact through our stage, rowmax_h15, stock); rowmax_pot shares the h15 row-max
     # code (`nan_rows`).
-    return compile_configs_sm103([dict(DEFAULT_CONFIG), dict(DEFAULT_CONFIG, mode="exact", beta=1.0),
-                                  dict(DEFAULT_CONFIG, mode="rowmax_h15")], tmp_path_factory)
+    return compile_configs_sm103(
+        [dict(DEFAULT_CONFIG), dict(DEFAULT_CONFIG, mode="exact", beta=1.0), dict(DEFAULT_CONFIG, mode="rowmax_h15")],
+        tmp_path_factory,
+    )
 
 
 def test_sm103_exact_compiles_to_the_same_sass_as_stock_fa4(sm103_report):
@@ -243,8 +257,9 @@ def test_sm103_approximate_modes_take_a_nan_propagating_ld_red_row_max(sm103_rep
     assert h15["FMNMX3"] == 0 and h15["FMNMX"] == 0, h15
     assert h15["FMNMX3.NAN"] == stock["FMNMX3"]
     sites = _nan_row_weight_sites(instructions)
-    nan_max_of_zero = sum(mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3]
-                          for mnemonic, operands in map(split_instruction, instructions))
+    nan_max_of_zero = sum(
+        mnemonic == "FMNMX.NAN" and "RZ" in operands[1:3] for mnemonic, operands in map(split_instruction, instructions)
+    )
     assert sites >= 1 and nan_max_of_zero == sites and h15["FFMA"] - stock["FFMA"] == sites
 
 

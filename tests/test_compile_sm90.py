@@ -7,18 +7,21 @@ The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow
 import numpy as np
 import pytest
 import torch
-
-
 from compile_helpers import (  # noqa: E402
     DEFAULT_CONFIG,
     assert_every_configuration_compiled,
     assert_full_matrix_passes,
     assert_mufu_count_falls_as_beta_grows,
-    ci_report as compile_ci_report,
     compile_configs,
     full_matrix_only_on_request,
+)
+from compile_helpers import (
+    ci_report as compile_ci_report,
+)
+from compile_helpers import (
     result as _result,
 )
+
 from fa4_rowmax.reference.exp_approx import h15  # noqa: E402
 from fa4_rowmax.stage.softmax_base import (  # noqa: E402
     H15_CLAMP,
@@ -108,7 +111,7 @@ def test_folded_bit_trick_matches_h15_of_the_rounded_anchor():
     for m in np.float32([0.0, 3.3, -17.61, 101.37, 2500.9]):
         addend = np.float32(np.float64(H15_ROUND) - np.float64(m) * np.float64(scale_log2))  # one FFMA
         r = np.float32(s.astype(np.float64) * np.float64(scale_log2) + np.float64(addend))  # one FFMA
-        built = ((_bits(np.maximum(r, np.float32(H15_FOLD_CLAMP))).astype(np.uint64) << 22) + 0x3F800000)
+        built = (_bits(np.maximum(r, np.float32(H15_FOLD_CLAMP))).astype(np.uint64) << 22) + 0x3F800000
         anchor = np.float64(H15_ROUND) - np.float64(addend)
         assert anchor * 2 == np.round(anchor * 2) and abs(anchor - np.float64(m) * scale_log2) <= 0.25
         # H(x) with the one rounding the FFMA makes: n = round_half_even(2x) of the fp64 value (rounding x to
@@ -125,6 +128,7 @@ def test_full_matrix(tmp_path):
 
 
 # --- the instruction sequences' arithmetic, emulated in numpy float32 (no GPU) -----------------------
+
 
 def _bits(x):
     return np.asarray(x, dtype=np.float32).view(np.uint32)
@@ -156,6 +160,7 @@ def test_beta_picks_an_even_share(beta):
 
 
 # --- the lever knobs on the host side (fa4_rowmax.interface) ----------------------------------------------------
+
 
 def test_lever_knobs_are_validated_and_keyed():
     from fa4_rowmax.interface import SoftmaxStage, softmax_stage

@@ -55,18 +55,28 @@ CONFIGS = {
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
     dump = workdir / name
     dump.mkdir()
-    env = dict(os.environ, **compile_check.ARCH_ENV["sm90"], CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump),
-               PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(kwargs)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = dict(
+        os.environ,
+        **compile_check.ARCH_ENV["sm90"],
+        CUTE_DSL_KEEP="cubin",
+        CUTE_DSL_DUMP_DIR=str(dump),
+        PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        PYTHONWARNINGS="ignore",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER, json.dumps(kwargs)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cubins = sorted(dump.glob("*Sm90Fp8*.cubin"))
     assert len(cubins) == 1, sorted(p.name for p in dump.iterdir())
-    sass = subprocess.run([compile_check.cuobjdump(), "-sass", str(cubins[0])], check=True, capture_output=True,
-                          text=True).stdout
-    instructions = [line.split("*/", 1)[1].split(";")[0].strip() for line in sass.splitlines()
-                    if compile_check._SASS_LINE.search(line)]
+    sass = subprocess.run(
+        [compile_check.cuobjdump(), "-sass", str(cubins[0])], check=True, capture_output=True, text=True
+    ).stdout
+    instructions = [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in sass.splitlines()
+        if compile_check._SASS_LINE.search(line)
+    ]
     return Counter((ins.split()[1] if ins.startswith("@") else ins.split()[0]) for ins in instructions)
 
 

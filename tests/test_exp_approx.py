@@ -4,7 +4,6 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-
 from conftest import DEVICES
 
 from fa4_rowmax.reference.exp_approx import h15, h15_bits, pot, q_half, schraudolph
@@ -138,11 +137,13 @@ def test_envelope_is_reached_at_the_boundaries():
 @pytest.mark.parametrize("k_max", [0, 5, 20, 126])
 def test_pot_is_one_level_per_octave_and_clamps_at_k_max(k_max):
     generator = torch.Generator().manual_seed(k_max)
-    x = torch.cat([
-        torch.rand(10_000, generator=generator) * -150.0,
-        torch.arange(-30.0, 2.0, 0.5),
-        torch.tensor([-math.inf, 0.0, 3.4]),
-    ])
+    x = torch.cat(
+        [
+            torch.rand(10_000, generator=generator) * -150.0,
+            torch.arange(-30.0, 2.0, 0.5),
+            torch.tensor([-math.inf, 0.0, 3.4]),
+        ]
+    )
     got = pot(x, k_max).double().numpy()
     exponent = np.maximum(-k_max, np.round(x.double().numpy()))  # round half to even
     assert np.array_equal(got, np.ldexp(1.0, exponent.astype(np.int64)))

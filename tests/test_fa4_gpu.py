@@ -59,7 +59,12 @@ def _assert_matches_reference(q, k, v, causal, config, out, lse):
 @pytest.mark.parametrize("mode", ["rowmax_h15", "rowmax_pot"])
 @pytest.mark.parametrize(
     "shape, causal",
-    [((1, 128, 128, 1, 1), True), ((2, 509, 300, 8, 2), False), ((1, 509, 300, 2, 1), True), ((1, 300, 509, 4, 2), True)],
+    [
+        ((1, 128, 128, 1, 1), True),
+        ((2, 509, 300, 8, 2), False),
+        ((1, 509, 300, 2, 1), True),
+        ((1, 300, 509, 4, 2), True),
+    ],
 )
 def test_kernel_matches_reference(fa4, mode, shape, causal):
     q, k, v = _inputs(0, *shape)
@@ -128,8 +133,17 @@ def rowmax_attn(fa4):
 def test_folded_h15_matches_the_half_octave_reference(rowmax_attn, shape, causal, vote, threshold):
     q, k, v = _inputs(3, *shape)
     with torch.no_grad():
-        out, lse = rowmax_attn(q, k, v, causal=causal, return_lse=True, softmax_mode="rowmax_h15",
-                               anchor_rounding="half_octave", rescale_vote=vote, rescale_threshold=threshold)
+        out, lse = rowmax_attn(
+            q,
+            k,
+            v,
+            causal=causal,
+            return_lse=True,
+            softmax_mode="rowmax_h15",
+            anchor_rounding="half_octave",
+            rescale_vote=vote,
+            rescale_threshold=threshold,
+        )
     config = _reference_config("rowmax_h15", rescale_threshold=threshold, anchor_rounding="half_octave")
     _assert_matches_reference(q, k, v, causal, config, out, lse)
 
@@ -181,8 +195,11 @@ def _poison(q, k, v, where):
 @pytest.mark.parametrize("where", ["q_nan", "k_nan", "v_nan", "q_inf"])
 @pytest.mark.parametrize(
     "knobs",
-    [dict(softmax_mode="rowmax_h15"), dict(softmax_mode="rowmax_pot"),
-     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", rescale_vote=True, rescale_threshold=8.0)],
+    [
+        dict(softmax_mode="rowmax_h15"),
+        dict(softmax_mode="rowmax_pot"),
+        dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", rescale_vote=True, rescale_threshold=8.0),
+    ],
     ids=["h15", "pot", "h15_fold_vote_t8"],
 )
 @pytest.mark.parametrize("causal", [False, True])
@@ -191,8 +208,10 @@ def test_nan_and_inf_inputs_poison_the_rows_stock_poisons(fa4, knobs, where, cau
 
     capability = torch.cuda.get_device_capability()
     if capability not in ((9, 0), (10, 0), (10, 3)):
-        pytest.skip(f"NaN rows are implemented in the SM90 and SM100/SM103 stages, this GPU is "
-                    f"sm_{capability[0]}{capability[1]}")
+        pytest.skip(
+            f"NaN rows are implemented in the SM90 and SM100/SM103 stages, this GPU is "
+            f"sm_{capability[0]}{capability[1]}"
+        )
     if capability[0] != 9 and "anchor_rounding" in knobs:
         pytest.skip("anchor_rounding / rescale_vote are SM90 levers")
     q, k, v = _poison(*_inputs(7, 1, 640, 640, 2, 1), where)

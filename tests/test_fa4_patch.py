@@ -20,7 +20,11 @@ from fa4_rowmax import patched_wheel
 from fa4_rowmax import patching as fa4_patch
 from fa4_rowmax.interface import FEATURE_STOCK_VALUES, LOG2_ROUND_UP, SoftmaxStage, softmax_stage
 
-PATCHED_FILES = ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm90.py", "flash_attn/cute/flash_fwd_sm100.py")
+PATCHED_FILES = (
+    "flash_attn/cute/interface.py",
+    "flash_attn/cute/flash_fwd_sm90.py",
+    "flash_attn/cute/flash_fwd_sm100.py",
+)
 
 
 def _digest(site: Path) -> dict:
@@ -92,6 +96,7 @@ def test_cli_status_check_and_exit_codes(stock_copy, tmp_path):
 
 # --- host-side validation (no kernel) ---------------------------------------------------------------
 
+
 def test_stock_arguments_give_no_stage():
     assert softmax_stage() is None
     assert softmax_stage("exact", None, None, requires_grad=True) is None
@@ -139,14 +144,27 @@ def test_stage_is_hashable_and_resolves_per_arch():
 
 # Every FA4 feature a softmax stage refuses (Note [Features allowed with a softmax stage]), with a non-stock value.
 _NON_STOCK = {
-    "qv": torch.zeros(1), "cu_seqlens_q": torch.zeros(2, dtype=torch.int32),
-    "cu_seqlens_k": torch.zeros(2, dtype=torch.int32), "seqused_q": torch.zeros(1, dtype=torch.int32),
-    "seqused_k": torch.zeros(1, dtype=torch.int32), "page_table": torch.zeros(1, 1, dtype=torch.int32),
-    "softcap": 30.0, "window_size_left": 128, "window_size_right": 0, "learnable_sink": torch.zeros(4),
-    "num_splits": 2, "score_mod": lambda *a: a[0], "mask_mod": lambda *a: True, "block_sparse_tensors": object(),
-    "aux_tensors": [torch.zeros(1)], "q_descale": torch.ones(1, 1), "k_descale": torch.ones(1, 1),
-    "v_descale": torch.ones(1, 1), "gather_kv_indices": torch.zeros(1, dtype=torch.int32),
-    "scheduler_metadata": object(), "seqlen_k_per_split": 128,
+    "qv": torch.zeros(1),
+    "cu_seqlens_q": torch.zeros(2, dtype=torch.int32),
+    "cu_seqlens_k": torch.zeros(2, dtype=torch.int32),
+    "seqused_q": torch.zeros(1, dtype=torch.int32),
+    "seqused_k": torch.zeros(1, dtype=torch.int32),
+    "page_table": torch.zeros(1, 1, dtype=torch.int32),
+    "softcap": 30.0,
+    "window_size_left": 128,
+    "window_size_right": 0,
+    "learnable_sink": torch.zeros(4),
+    "num_splits": 2,
+    "score_mod": lambda *a: a[0],
+    "mask_mod": lambda *a: True,
+    "block_sparse_tensors": object(),
+    "aux_tensors": [torch.zeros(1)],
+    "q_descale": torch.ones(1, 1),
+    "k_descale": torch.ones(1, 1),
+    "v_descale": torch.ones(1, 1),
+    "gather_kv_indices": torch.zeros(1, dtype=torch.int32),
+    "scheduler_metadata": object(),
+    "seqlen_k_per_split": 128,
 }
 
 
@@ -179,7 +197,12 @@ def test_reference_config_is_derived_from_the_resolved_stage(arch, dtype, mode, 
     config = stage.reference_config(tile_n=128)
     expected_threshold = fa4_default_rescale_threshold(arch, dtype) if threshold is None else threshold
     assert (config.mode, config.rescale_threshold, config.max_offset, config.p_dtype, config.tile_n) == (
-        mode, expected_threshold, fa4_max_offset(dtype), dtype, 128)
+        mode,
+        expected_threshold,
+        fa4_max_offset(dtype),
+        dtype,
+        128,
+    )
     with pytest.raises(AssertionError, match="for_kernel must run"):
         SoftmaxStage(mode).reference_config(tile_n=128)
 
@@ -232,14 +255,16 @@ def test_patched_fa4_takes_the_knobs_and_validates_before_any_kernel(patched_cop
     proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["params"] == {f: ["softmax_mode", "rescale_threshold", "beta"]
-                             for f in ("flash_attn_func", "flash_attn_varlen_func")}
+    assert out["params"] == {
+        f: ["softmax_mode", "rescale_threshold", "beta"] for f in ("flash_attn_func", "flash_attn_varlen_func")
+    }
     assert out["bad_mode"].startswith("ValueError") and "softmax_mode" in out["bad_mode"]
     assert out["bad_beta"].startswith("ValueError") and "beta" in out["bad_beta"]
     assert out["grad"].startswith("ValueError") and "forward-only" in out["grad"]
 
 
 # --- the +rowmax wheel --------------------------------------------------------------------------------
+
 
 def test_build_wheel_patches_relabels_and_writes_a_correct_record(stock_copy, tmp_path):
     """A pinned-version wheel is packed from the stock copy, then rebuilt by fa4_rowmax.patched_wheel."""
@@ -251,8 +276,11 @@ def test_build_wheel_patches_relabels_and_writes_a_correct_record(stock_copy, tm
     fa4_patch.copy_package(stock_copy, src, state="stock")
     (src / "flash_attn_4-4.0.0b36.dist-info" / "RECORD").unlink()
     (tmp_path / "pinned").mkdir()
-    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(tmp_path / "pinned"), str(src)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "wheel", "pack", "--dest-dir", str(tmp_path / "pinned"), str(src)],
+        check=True,
+        capture_output=True,
+    )
     (pinned,) = (tmp_path / "pinned").glob("*.whl")
     built = patched_wheel.build(pinned, tmp_path / "dist")
     assert built.name.startswith("flash_attn_4-4.0.0b36+rowmax-")

@@ -30,8 +30,11 @@ def _stock_methods(class_name: str) -> dict[str, str]:
     path = Path(patching.default_site()) / "flash_attn/cute/softmax.py"
     source = path.read_text()
     (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == class_name]
-    return {f.name: ast.get_source_segment(source, f) for f in node.body
-            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return {
+        f.name: ast.get_source_segment(source, f)
+        for f in node.body
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
 
 
 def _overridden() -> list[tuple[str, str, str]]:
@@ -51,4 +54,5 @@ def test_stock_source_of_every_overridden_method_is_unchanged(class_name, method
     digest = hashlib.sha256(source.encode()).hexdigest()
     assert digest == STOCK_METHOD_SHA256[(class_name, method)], (
         f"FA4's {class_name}.{method} changed in the installed wheel: port the change into the fa4_rowmax stage, "
-        f"then pin {digest}")
+        f"then pin {digest}"
+    )

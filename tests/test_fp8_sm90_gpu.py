@@ -52,10 +52,15 @@ def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
 
     _poison_allocator()
     dq, dk, dv = descales if descales is not None else (None, None, None)
-    out, lse = flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, q_descale=dq, k_descale=dk,
-                                   v_descale=dv, **levers)
-    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=levers.get("tile_n", 128),
-                           anchor_rounding=levers.get("anchor_rounding", "exact"))
+    out, lse = flash_attn_fp8_sm90(
+        q, k, v, causal=causal, softmax_mode=mode, q_descale=dq, k_descale=dk, v_descale=dv, **levers
+    )
+    config = SoftmaxConfig(
+        mode=mode,
+        max_offset=FP8_MAX_OFFSET,
+        tile_n=levers.get("tile_n", 128),
+        anchor_rounding=levers.get("anchor_rounding", "exact"),
+    )
     ref_out, ref_lse = attention_reference(q, k, v, config, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv)
     out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, causal, descales, levers.get("row_sum") == "mma")
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
@@ -136,11 +141,12 @@ def test_clamp_by_saturation_is_bit_identical(row_sum):
     q, k, v = _inputs(5, *SHAPES[2])
     q[0, 3, 1, 7] = math.nan
     base = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="rowmax_h15", row_sum=row_sum, tile_n=192)
-    sat = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="rowmax_h15", row_sum=row_sum, tile_n=192,
-                              clamp="sat")
+    sat = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="rowmax_h15", row_sum=row_sum, tile_n=192, clamp="sat")
     for a, b in zip(base, sat):
-        assert torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
-                           b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+        assert torch.equal(
+            a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+            b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32),
+        )
 
 
 @pytest.mark.gpu
@@ -164,8 +170,10 @@ def _one_hot_problem(seed, rows=256, head_dim=128, values=(-2.0, -1.0, 0.0, 1.0,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
-@pytest.mark.parametrize("mode,levers", [("rowmax_h15", {}), ("rowmax_h15", dict(row_sum="mma")),
-                                         ("exact", {}), ("exact", dict(row_sum="mma"))])
+@pytest.mark.parametrize(
+    "mode,levers",
+    [("rowmax_h15", {}), ("rowmax_h15", dict(row_sum="mma")), ("exact", {}), ("exact", dict(row_sum="mma"))],
+)
 @pytest.mark.parametrize("scale_log2", [0.173, 0.5123])
 def test_p_bytes_single_tile(mode, levers, scale_log2):
     """P's bytes of one 128-key tile: out[i, j] * 256 / out[i, argmax] is P_ij (the max weight is 2^8 = byte
@@ -180,7 +188,7 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
     q, k, v = _one_hot_problem(int(scale_log2 * 1e4))
     softmax_scale = scale_log2 / math.log2(math.e)
     out, lse = flash_attn_fp8_sm90(q, k, v, softmax_scale=softmax_scale, softmax_mode=mode, **levers)
-    scores = (q.double()[0, :, 0] @ k.double()[0, :, 0].T)  # (rows, 128), exact integers
+    scores = q.double()[0, :, 0] @ k.double()[0, :, 0].T  # (rows, 128), exact integers
     scale_f32 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(math.log2(math.e), dtype=torch.float32)
     y = scores * float(scale_f32) - scores.amax(-1, keepdim=True) * float(scale_f32) + FP8_MAX_OFFSET
     o = out.double()[0, :, 0]
@@ -202,7 +210,9 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
         checked = midpoint_gap > 2.0**-20
     assert checked.float().mean() > 0.99
     mismatch = (bytes_read != expected) & checked
-    assert not mismatch.any(), f"{int(mismatch.sum())} P bytes differ, e.g. {bytes_read[mismatch][:8].tolist()} vs {expected[mismatch][:8].tolist()}"
+    assert not mismatch.any(), (
+        f"{int(mismatch.sum())} P bytes differ, e.g. {bytes_read[mismatch][:8].tolist()} vs {expected[mismatch][:8].tolist()}"
+    )
     row_sums = o.sum(-1)
     assert ((row_sums - 1).abs() <= 128 * 2.0**-9).all()
     # LSE: ln(row sum * 2^-8) + max score * scale. The row sum adds P as read (rowmax_h15; row_sum="mma") or
@@ -268,6 +278,7 @@ def test_v_transpose_prepass(row_sum_rows):
 # Input checks: raised before any GPU work, so they run on the CPU too.
 # ----------------------------------------------------------------------------------------------------
 
+
 def _cpu_inputs(hq=4, hk=4, d=128, dtype=E4M3):
     return [torch.zeros(1, 64, h, d, dtype=dtype) for h in (hq, hk, hk)]
 
@@ -296,7 +307,10 @@ def test_bad_inputs_raise(change, match):
         (dict(rescale_threshold=-1.0), "rescale_threshold must be"),
         (dict(softmax_mode="rowmax_h15", rescale_threshold=0.5), "lets P reach"),
         (dict(softmax_mode="exact", rescale_threshold=0.9), "lets P reach"),
-        (dict(q_descale=torch.ones(1, 3)), r"q_descale must be None or a torch.float32 tensor of shape \(batch, heads_kv\)"),
+        (
+            dict(q_descale=torch.ones(1, 3)),
+            r"q_descale must be None or a torch.float32 tensor of shape \(batch, heads_kv\)",
+        ),
         (dict(v_descale=torch.ones(1, 4, dtype=torch.float64)), "v_descale must be None or a torch.float32"),
         (dict(tile_n=176), "tile_n must be one of"),
         (dict(row_sum="gemm"), "row_sum must be one of"),
@@ -326,9 +340,11 @@ def test_fa4_routing_entry_refuses_non_stock_features():
     from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
 
     q, k, v = _cpu_inputs()
-    for features, match in ((dict(softcap=30.0), "softcap is not supported"),
-                            (dict(num_splits=4), "num_splits is not supported"),
-                            (dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q is not supported")):
+    for features, match in (
+        (dict(softcap=30.0), "softcap is not supported"),
+        (dict(num_splits=4), "num_splits is not supported"),
+        (dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q is not supported"),
+    ):
         with pytest.raises(ValueError, match=match):
             fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False, softmax_stage=None, features=features)
     with pytest.raises(TypeError, match="unknown FA4 feature"):
@@ -342,14 +358,23 @@ def test_fa4_routing_entry_maps_the_stage():
 
     q, k, v = _cpu_inputs()
     with pytest.raises(ValueError, match="beta must be None"):
-        fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False,
-                             softmax_stage=SoftmaxStage("rowmax_h15", beta=0.5), features={})
+        fa4_sm90_fp8_forward(
+            q, k, v, softmax_scale=None, causal=False, softmax_stage=SoftmaxStage("rowmax_h15", beta=0.5), features={}
+        )
     with pytest.raises(ValueError, match="lets P reach"):
-        fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False,
-                             softmax_stage=SoftmaxStage("rowmax_h15", rescale_threshold=1.0), features={})
+        fa4_sm90_fp8_forward(
+            q,
+            k,
+            v,
+            softmax_scale=None,
+            causal=False,
+            softmax_stage=SoftmaxStage("rowmax_h15", rescale_threshold=1.0),
+            features={},
+        )
 
 
 # --- FA4's public calls route SM90 FP8 to this forward (patch 0001) ------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
@@ -381,8 +406,15 @@ def test_mma_row_sum_is_refused_beyond_the_tested_length():
         flash_attn_fp8_sm90(q, kv, kv, row_sum="mma")
 
 
-@pytest.mark.parametrize("name, value", [("window_size_left", 64), ("cu_seqlens_q", torch.zeros(2, dtype=torch.int32)),
-                                         ("num_splits", 4), ("learnable_sink", torch.zeros(2))])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("window_size_left", 64),
+        ("cu_seqlens_q", torch.zeros(2, dtype=torch.int32)),
+        ("num_splits", 4),
+        ("learnable_sink", torch.zeros(2)),
+    ],
+)
 def test_the_fa4_route_refuses_untested_features(name, value):
     from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
 

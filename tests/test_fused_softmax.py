@@ -26,11 +26,13 @@ LOG2E = math.log2(math.e)
 
 
 def test_schraudolph_bits_are_one_round_half_even():
-    y = torch.cat([
-        torch.linspace(-130, 20, 200_001),
-        torch.arange(-127 * 256, 20 * 256) / 256.0 + 1 / 256,  # exact ties of (y + 127) * 128
-        torch.tensor([-127.0, -126.999, -127.001, 0.0, -0.0, 8.0]),
-    ]).float()
+    y = torch.cat(
+        [
+            torch.linspace(-130, 20, 200_001),
+            torch.arange(-127 * 256, 20 * 256) / 256.0 + 1 / 256,  # exact ties of (y + 127) * 128
+            torch.tensor([-127.0, -126.999, -127.001, 0.0, -0.0, 8.0]),
+        ]
+    ).float()
     bits = schraudolph_bf16(y).view(torch.int16).numpy().astype(np.int64)
     expected = np.rint((y.double().numpy() + 127.0) * 128.0)  # exact in float64; rint = half to even
     expected = np.clip(expected, 0, None).astype(np.int64)
@@ -130,15 +132,15 @@ def _tile_weights_oracle(q, k, v, mx_format, threshold, tile_n):
     x = (qq[0, :, 0] @ kq[0, :, 0].T) * (q.shape[-1] ** -0.5 * LOG2E)
     maxes, m = [], torch.full((x.shape[0],), -math.inf)
     for start in range(0, x.shape[1], tile_n):
-        tile_max = x[:, start:start + tile_n].amax(-1)
+        tile_max = x[:, start : start + tile_n].amax(-1)
         m = torch.where(torch.isinf(m) | (tile_max > m + threshold), tile_max, m)
         maxes.append(m)
     num = torch.zeros(x.shape[0], v.shape[-1], dtype=torch.float64)
     den = torch.zeros(x.shape[0], dtype=torch.float64)
     for t, start in enumerate(range(0, x.shape[1], tile_n)):
-        p = quantize_p(schraudolph_bf16(x[:, start:start + tile_n] - maxes[t][:, None]), mx_format).double()
+        p = quantize_p(schraudolph_bf16(x[:, start : start + tile_n] - maxes[t][:, None]), mx_format).double()
         weight = torch.exp2((maxes[t] - maxes[-1]).double())[:, None]
-        num += weight * (p @ vq[0, start:start + tile_n, 0].double())
+        num += weight * (p @ vq[0, start : start + tile_n, 0].double())
         den += weight[:, 0] * p.sum(-1)
     recoveries = sum((maxes[t] != maxes[t - 1]).long() for t in range(1, len(maxes)))
     return num / den[:, None], recoveries
@@ -150,8 +152,9 @@ def test_reference_matches_tile_weights_oracle(mx_format):
     sq, sk, d = 24, 300, 64
     trend = torch.linspace(0, 6, sk)[None, :, None, None]  # rising keys: several recoveries per row
     q, k, v = torch.randn(1, sq, 1, d) + 1.0, (torch.randn(1, sk, 1, d) + trend), torch.randn(1, sk, 1, d)
-    out, lse, counters = fused_softmax_attention_reference(q, k, v, mx_format=mx_format, recovery_threshold=4.0,
-                                                           tile_n=32, return_counters=True)
+    out, lse, counters = fused_softmax_attention_reference(
+        q, k, v, mx_format=mx_format, recovery_threshold=4.0, tile_n=32, return_counters=True
+    )
     oracle, recoveries = _tile_weights_oracle(q, k, v, mx_format, 4.0, 32)
     assert torch.equal(counters["recoveries"][0, 0], recoveries)
     assert recoveries.sum() > sq  # the test exercises recoveries
@@ -223,7 +226,7 @@ def adversarial_qkv(name, sk, d=32, rows=4):
 def expected_recoveries(x_row: torch.Tensor, threshold: float, tile_n: int) -> int:
     m, count = -math.inf, 0
     for start in range(0, x_row.numel(), tile_n):
-        tile_max = x_row[start:start + tile_n].max().item()
+        tile_max = x_row[start : start + tile_n].max().item()
         if m == -math.inf:
             m = tile_max
         elif tile_max > m + threshold:
@@ -235,8 +238,9 @@ def expected_recoveries(x_row: torch.Tensor, threshold: float, tile_n: int) -> i
 def test_reference_never_misses_a_recovery(name):
     sk, tile_n, threshold = 320, 32, 8.0
     q, k, v, scale = adversarial_qkv(name, sk)
-    out, lse, counters = fused_softmax_attention_reference(q, k, v, softmax_scale=scale, tile_n=tile_n,
-                                                           recovery_threshold=threshold, return_counters=True)
+    out, lse, counters = fused_softmax_attention_reference(
+        q, k, v, softmax_scale=scale, tile_n=tile_n, recovery_threshold=threshold, return_counters=True
+    )
     x = (q[0, :, 0] @ k[0, :, 0].T) * (scale * LOG2E)
     expected = [expected_recoveries(x[r], threshold, tile_n) for r in range(x.shape[0])]
     assert counters["recoveries"][0, 0].tolist() == expected
@@ -253,6 +257,7 @@ def test_varlen_reference_is_per_sequence_dense():
     out, lse = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=True, mx_format="mxfp6")
     for b in range(3):
         sl_q, sl_k = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        dense_out, dense_lse = fused_softmax_attention_reference(q[None, sl_q], k[None, sl_k], v[None, sl_k],
-                                                                 causal=True, mx_format="mxfp6")
+        dense_out, dense_lse = fused_softmax_attention_reference(
+            q[None, sl_q], k[None, sl_k], v[None, sl_k], causal=True, mx_format="mxfp6"
+        )
         assert torch.equal(out[sl_q], dense_out[0]) and torch.equal(lse[:, sl_q], dense_lse[0])

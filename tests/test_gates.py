@@ -139,8 +139,15 @@ def test_h15_fills_the_envelope():
 )
 def test_multi_tile_odd_shapes_gqa_fully_masked(causal, seqlen_q, seqlen_k, batch, heads_q, heads_k):
     report = multi_tile_gate(
-        h15_backend, causal=causal, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_k=heads_k,
-        batch=batch, seed=5, dtype=torch.float16,
+        h15_backend,
+        causal=causal,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        heads_q=heads_q,
+        heads_k=heads_k,
+        batch=batch,
+        seed=5,
+        dtype=torch.float16,
     )
     assert report.passed, "\n" + format_report([report])
     names = [c.name for c in report.checks]
@@ -191,9 +198,11 @@ def test_exact_presented_as_h15_fails_single_tile_only():
 def test_shifted_lattice_fails_both():
     single = single_tile_gate(shifted_lattice_backend, h15_backend, seed=1)
     assert not single.passed
-    assert abs(single.worst) == pytest.approx(math.log2(1.5), abs=0.05) or abs(single.worst) == pytest.approx(
-        math.log2(4 / 3), abs=0.05
-    ) or abs(single.worst) > 0.3
+    assert (
+        abs(single.worst) == pytest.approx(math.log2(1.5), abs=0.05)
+        or abs(single.worst) == pytest.approx(math.log2(4 / 3), abs=0.05)
+        or abs(single.worst) > 0.3
+    )
     multi = multi_tile_gate(shifted_lattice_backend, causal=True, seqlen_q=512, seqlen_k=512)
     assert not multi.passed
     assert multi.deciding.name == "log2(w_hat/w) via LSE"
@@ -309,8 +318,14 @@ def test_fa4_rowmax_h15_kernel_passes(dtype, rescale_threshold):
     assert single.passed, str(single)
     for causal, seqlen_q, seqlen_k, heads_q, heads_k in ((True, 512, 512, 1, 1), (False, 300, 509, 4, 2)):
         multi = multi_tile_gate(
-            kernel, causal=causal, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_k=heads_k,
-            dtype=dtype, device="cuda",
+            kernel,
+            causal=causal,
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            heads_q=heads_q,
+            heads_k=heads_k,
+            dtype=dtype,
+            device="cuda",
         )
         assert multi.passed, "\n" + format_report([multi])
 

@@ -98,8 +98,10 @@ def test_fp8_reference_passes_every_gate():
 def test_kernel_model_differs_from_the_reference_only_on_byte4():
     # The premise of the single-tile acceptance: where the model and the reference disagree on P, the
     # reference has 0 and the model 2^-7 of 2^8 (2^-15 of the top weight): byte 4, nowhere else.
-    q, k = (torch.randn(1, 128, 1, 128, generator=torch.Generator().manual_seed(s), dtype=torch.float64) * std
-            for s, std in ((0, 3.0), (1, 1.0)))
+    q, k = (
+        torch.randn(1, 128, 1, 128, generator=torch.Generator().manual_seed(s), dtype=torch.float64) * std
+        for s, std in ((0, 3.0), (1, 1.0))
+    )
     q, k = q.to(E4M3), k.to(E4M3)
     model = read_probabilities(_kernel_model, q, k, causal=True)
     reference = read_probabilities(_reference("rowmax_h15"), q, k, causal=True)

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 import transformers
 
 from aiter_fused import hf as fused_hf
@@ -16,8 +15,14 @@ def tiny_llama(seed: int, num_layers: int = 2, head_dim: int = 64) -> torch.nn.M
     """A random Llama with GQA (6 query heads over 2 KV heads). Head dim 64, the model's (FA4 head dims only)."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=96, intermediate_size=128, num_hidden_layers=num_layers,
-        num_attention_heads=6, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=512,
+        vocab_size=97,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=512,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -77,7 +82,11 @@ def test_kv_cache_decoding_matches_sdpa():
         model.set_attn_implementation(attention)
         with torch.inference_mode():
             outputs[attention] = model.generate(
-                ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                ids,
+                max_new_tokens=5,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
                 pad_token_id=0,
             )
     torch.testing.assert_close(
@@ -125,15 +134,17 @@ def test_fold_modes_run_the_half_octave_anchor():
 
     for threshold in (0, 8):
         config = hf.MODES[f"rowmax_h15_fold_t{threshold}"].config(0, 2)
-        assert config == SoftmaxConfig(mode="rowmax_h15", rescale_threshold=float(threshold), anchor="tile",
-                                       anchor_rounding="half_octave")
+        assert config == SoftmaxConfig(
+            mode="rowmax_h15", rescale_threshold=float(threshold), anchor="tile", anchor_rounding="half_octave"
+        )
     torch.manual_seed(11)
     q, k, v = torch.randn(1, 300, 6, 64) * 3, torch.randn(1, 300, 2, 64), torch.randn(1, 300, 2, 64)
     function = hf.make_attention_function("rowmax_h15_fold_t8")
     module = tiny_llama(seed=11, num_layers=1).model.layers[0].self_attn
     got, _ = function(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, scaling=0.125)
-    expected, _ = attention_reference(q, k, v, hf.MODES["rowmax_h15_fold_t8"].config(0, 1), causal=True,
-                                      softmax_scale=0.125)
+    expected, _ = attention_reference(
+        q, k, v, hf.MODES["rowmax_h15_fold_t8"].config(0, 1), causal=True, softmax_scale=0.125
+    )
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     model = tiny_llama(seed=12)
     ids = torch.randint(0, 97, (1, 300))
@@ -218,10 +229,17 @@ def _is_sm90() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", [
-    "exact_bf16p", "rowmax_h15_t8", "fused_mxfp8",
-    pytest.param("rowmax_h15_fold_t8", marks=pytest.mark.skipif(not _is_sm90(), reason="the fold is an SM90 lever")),
-])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "exact_bf16p",
+        "rowmax_h15_t8",
+        "fused_mxfp8",
+        pytest.param(
+            "rowmax_h15_fold_t8", marks=pytest.mark.skipif(not _is_sm90(), reason="the fold is an SM90 lever")
+        ),
+    ],
+)
 def test_kernel_matches_reference_in_a_model(mode):
     (fused_hf if mode in fused_hf.MODES else hf).register([mode], backend="kernel")
     model = tiny_llama(seed=10).cuda()
@@ -245,8 +263,14 @@ def test_fa4_kernel_modes_run_what_their_reference_computes(arch):
         if "anchor_rounding" in spec.kernel_kwargs and arch != 90:
             continue  # the fold is an SM90 lever
         kwargs = dict(spec.kernel_kwargs)
-        stage = softmax_stage(kwargs.pop("softmax_mode", "exact"), kwargs.pop("rescale_threshold", None),
-                              anchor_rounding=kwargs.pop("anchor_rounding", "exact")) or SoftmaxStage()
+        stage = (
+            softmax_stage(
+                kwargs.pop("softmax_mode", "exact"),
+                kwargs.pop("rescale_threshold", None),
+                anchor_rounding=kwargs.pop("anchor_rounding", "exact"),
+            )
+            or SoftmaxStage()
+        )
         assert not kwargs, (name, kwargs)
         derived = stage.for_kernel(arch=arch, q_dtype=torch.bfloat16).reference_config(tile_n=128)
         config = spec.config(0, 1)

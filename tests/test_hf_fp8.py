@@ -3,12 +3,11 @@ the reference, the SM90 FP8 kernel as their kernel."""
 
 import pytest
 import torch
+from test_hf_attention import logits, tiny_llama
 
 from fa4_rowmax import hf
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.reference.attention import attention_reference
-
-from test_hf_attention import logits, tiny_llama
 
 E4M3 = torch.float8_e4m3fn
 FP8_MODES = ("exact_fp8", "rowmax_h15_fp8")
@@ -25,7 +24,8 @@ def test_fp8_modes_are_the_kernels_semantics():
 
     assert hf.MODES["exact_fp8"].config(0, 1) == SoftmaxConfig(mode="exact", anchor="tile", max_offset=8, p_dtype=E4M3)
     assert hf.MODES["rowmax_h15_fp8"].config(0, 1) == SoftmaxConfig(
-        mode="rowmax_h15", anchor="tile", max_offset=8, p_dtype=E4M3, rescale_threshold=0.0)
+        mode="rowmax_h15", anchor="tile", max_offset=8, p_dtype=E4M3, rescale_threshold=0.0
+    )
     assert KERNEL_MAX_OFFSET == FP8_MAX_OFFSET
     for name in FP8_MODES:
         spec = hf.MODES[name]
@@ -35,7 +35,10 @@ def test_fp8_modes_are_the_kernels_semantics():
         assert not kwargs
         config = spec.config(0, 1)
         assert (stage.mode, stage.rescale_threshold, stage.anchor_rounding) == (
-            config.mode, config.rescale_threshold, config.anchor_rounding)
+            config.mode,
+            config.rescale_threshold,
+            config.anchor_rounding,
+        )
 
 
 def test_to_e4m3_saturates_and_counts():
@@ -69,7 +72,9 @@ def test_fp8_inputs_control_rounds_only_the_operands():
     module = tiny_llama(seed=6, num_layers=1).model.layers[0].self_attn
     got, _ = hf.make_attention_function("exact_fp8_inputs")(module, q, k, v, None, scaling=0.125)
     q8, k8, v8 = (t.transpose(1, 2).to(E4M3) for t in (q, k, v))
-    expected, _ = attention_reference(q8, k8, v8, SoftmaxConfig(p_dtype=torch.float32), causal=True, softmax_scale=0.125)
+    expected, _ = attention_reference(
+        q8, k8, v8, SoftmaxConfig(p_dtype=torch.float32), causal=True, softmax_scale=0.125
+    )
     assert torch.equal(got, expected.float())
     with_e4m3_p, _ = attention_reference(q8, k8, v8, SoftmaxConfig(max_offset=8), causal=True, softmax_scale=0.125)
     assert not torch.equal(got, with_e4m3_p.float())

@@ -3,7 +3,6 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import DEVICES
 
 from fa4_rowmax.reference.hif8 import HIF8_MAX, round_to_hif8
@@ -70,13 +69,40 @@ def test_random_values_against_brute_force(dtype):
 
 def test_limits_and_specials():
     x = torch.tensor(
-        [2.0**-23, 2.0**-23 * (1 - 2**-20), 2.0**-24, 1.4 * 2.0**-20, 1.5 * 2.0**-20,
-         32768.0, 40959.0, 40960.0, 1e30, -40960.0, -0.0, math.inf, -math.inf, math.nan],
+        [
+            2.0**-23,
+            2.0**-23 * (1 - 2**-20),
+            2.0**-24,
+            1.4 * 2.0**-20,
+            1.5 * 2.0**-20,
+            32768.0,
+            40959.0,
+            40960.0,
+            1e30,
+            -40960.0,
+            -0.0,
+            math.inf,
+            -math.inf,
+            math.nan,
+        ],
         dtype=torch.float32,
     )
     got = round_to_hif8(x).tolist()
-    assert got[:13] == [2.0**-22, 0.0, 0.0, 2.0**-20, 2.0**-19, 32768.0, 32768.0, math.inf, math.inf,
-                        -math.inf, 0.0, math.inf, -math.inf]
+    assert got[:13] == [
+        2.0**-22,
+        0.0,
+        0.0,
+        2.0**-20,
+        2.0**-19,
+        32768.0,
+        32768.0,
+        math.inf,
+        math.inf,
+        -math.inf,
+        0.0,
+        math.inf,
+        -math.inf,
+    ]
     assert math.copysign(1.0, got[10]) == 1.0  # one zero: +0
     assert math.isnan(got[13])
 

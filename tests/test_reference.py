@@ -6,8 +6,11 @@ import torch
 from conftest import DEVICES
 
 from fa4_rowmax.config import SoftmaxConfig
-from fa4_rowmax.reference.fused_softmax import fused_softmax_attention_reference, fused_softmax_attention_reference_varlen
 from fa4_rowmax.reference.attention import SUPPORTED_HEAD_DIMS, attention_reference
+from fa4_rowmax.reference.fused_softmax import (
+    fused_softmax_attention_reference,
+    fused_softmax_attention_reference_varlen,
+)
 
 F64 = dict(compute_dtype=torch.float64)
 EXACT_F64 = SoftmaxConfig(p_dtype=torch.float64, tile_n=32)
@@ -159,8 +162,9 @@ def test_same_result_on_every_device(device, mode):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("jump, threshold, skipped", [(3.0, 8.0, True), (8.0, 8.0, True), (9.0, 8.0, False),
-                                                     (0.5, 0.0, False)])
+@pytest.mark.parametrize(
+    "jump, threshold, skipped", [(3.0, 8.0, True), (8.0, 8.0, True), (9.0, 8.0, False), (0.5, 0.0, False)]
+)
 def test_stale_max_weights_reach_at_most_two_to_the_threshold(jump, threshold, skipped):
     # Two tiles of 16 keys. FA4 walks them last to first: keys 16..31 (max 0) set the max,
     # then keys 0..15 bring a score `jump` octaves higher.
@@ -277,8 +281,9 @@ def test_pot_masked_keys_stay_zero():
 
 
 @pytest.mark.parametrize("lam", [0, 1, 2])
-@pytest.mark.parametrize("b0_max, excess", [(2.25, -0.25), (2.25, 0.0), (2.25, 0.25), (3.0, 3.0), (3.0, -5.0),
-                                            (3.0, 0.0)])
+@pytest.mark.parametrize(
+    "b0_max, excess", [(2.25, -0.25), (2.25, 0.0), (2.25, 0.25), (3.0, 3.0), (3.0, -5.0), (3.0, 0.0)]
+)
 def test_baps_restarts_exactly_when_a_tile_exceeds_the_integer_max_by_more_than_lambda(lam, b0_max, excess):
     # Tile 0 (B0) has max b0_max, so the approximate max is ceil(b0_max) = 3; tile 1's max
     # sits `lam + excess` above it.
@@ -324,9 +329,7 @@ def baps_restart_oracle(x, seqlen_q, seqlen_k, causal, tile_m, tile_n, lam, crit
     for head in range(x.shape[0]):
         for row0 in range(0, seqlen_q, tile_m):
             rows = range(row0, min(row0 + tile_m, seqlen_q))
-            visible = {
-                i: [j for j in range(seqlen_k) if not causal or j <= i + seqlen_k - seqlen_q] for i in rows
-            }
+            visible = {i: [j for j in range(seqlen_k) if not causal or j <= i + seqlen_k - seqlen_q] for i in rows}
             m = {}
             for i in rows:
                 keys = [j for j in visible[i] if j < critical * tile_n]
@@ -454,12 +457,17 @@ BAD_INPUTS = [
     (lambda: _with(_inputs, q=_inputs()["q"][0]), ValueError, "q must be 4-D"),
     (lambda: _with(_inputs, v=_inputs()["v"][:, :5]), ValueError, "k and v must have the same shape"),
     (lambda: _with(_inputs, q=torch.zeros(2, 8, 2, 64)), ValueError, "same batch size"),
-    (lambda: _with(_inputs, q=torch.zeros(1, 8, 2, 80), k=torch.zeros(1, 8, 1, 80), v=torch.zeros(1, 8, 1, 80)),
-     ValueError, "head_dim must be one of (64, 96, 128, 192, 256)"),
-    (lambda: _with(_inputs, k=torch.zeros(1, 8, 1, 128), v=torch.zeros(1, 8, 1, 128)), ValueError,
-     "k's head_dim"),
-    (lambda: _with(_inputs, q=torch.zeros(1, 8, 3, 64), k=torch.zeros(1, 8, 2, 64), v=torch.zeros(1, 8, 2, 64)),
-     ValueError, "multiple of k's heads"),
+    (
+        lambda: _with(_inputs, q=torch.zeros(1, 8, 2, 80), k=torch.zeros(1, 8, 1, 80), v=torch.zeros(1, 8, 1, 80)),
+        ValueError,
+        "head_dim must be one of (64, 96, 128, 192, 256)",
+    ),
+    (lambda: _with(_inputs, k=torch.zeros(1, 8, 1, 128), v=torch.zeros(1, 8, 1, 128)), ValueError, "k's head_dim"),
+    (
+        lambda: _with(_inputs, q=torch.zeros(1, 8, 3, 64), k=torch.zeros(1, 8, 2, 64), v=torch.zeros(1, 8, 2, 64)),
+        ValueError,
+        "multiple of k's heads",
+    ),
     (lambda: _with(_inputs, k=_nan_at(_inputs()["k"])), ValueError, "k holds NaN or Inf"),
     (lambda: _with(_inputs, v=_inputs()["v"] * math.inf), ValueError, "v holds NaN or Inf"),
     (lambda: _with(_inputs, causal=1), TypeError, "causal must be a bool"),
@@ -468,18 +476,36 @@ BAD_INPUTS = [
     (lambda: _with(_inputs, compute_dtype=torch.float16), ValueError, "compute_dtype must be one of"),
     (lambda: _with(_inputs, return_counters="yes"), TypeError, "return_counters"),
     (lambda: _with(_varlen_inputs, cu_seqlens_k=None), ValueError, "given together"),
-    (lambda: _with(_varlen_inputs, cu_seqlens_q=torch.tensor([0, 4, 10])), TypeError,
-     "cu_seqlens_q must have dtype torch.int32"),
-    (lambda: _with(_varlen_inputs, cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32)), ValueError,
-     "cu_seqlens_q must start at 0"),
-    (lambda: _with(_varlen_inputs, cu_seqlens_k=torch.tensor([0, 7, 5, 12], dtype=torch.int32)), ValueError,
-     "cu_seqlens_k must start at 0, never decrease"),
-    (lambda: _with(_varlen_inputs, cu_seqlens_k=torch.tensor([0, 5, 11], dtype=torch.int32)), ValueError,
-     "end at the token count 12"),
-    (lambda: _with(_varlen_inputs, cu_seqlens_k=torch.tensor([0, 5, 6, 12], dtype=torch.int32)), ValueError,
-     "same length"),
-    (lambda: _with(_varlen_inputs, cu_seqlens_q=torch.tensor([[0, 4, 10]], dtype=torch.int32)), ValueError,
-     "cu_seqlens_q must be 1-D"),
+    (
+        lambda: _with(_varlen_inputs, cu_seqlens_q=torch.tensor([0, 4, 10])),
+        TypeError,
+        "cu_seqlens_q must have dtype torch.int32",
+    ),
+    (
+        lambda: _with(_varlen_inputs, cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32)),
+        ValueError,
+        "cu_seqlens_q must start at 0",
+    ),
+    (
+        lambda: _with(_varlen_inputs, cu_seqlens_k=torch.tensor([0, 7, 5, 12], dtype=torch.int32)),
+        ValueError,
+        "cu_seqlens_k must start at 0, never decrease",
+    ),
+    (
+        lambda: _with(_varlen_inputs, cu_seqlens_k=torch.tensor([0, 5, 11], dtype=torch.int32)),
+        ValueError,
+        "end at the token count 12",
+    ),
+    (
+        lambda: _with(_varlen_inputs, cu_seqlens_k=torch.tensor([0, 5, 6, 12], dtype=torch.int32)),
+        ValueError,
+        "same length",
+    ),
+    (
+        lambda: _with(_varlen_inputs, cu_seqlens_q=torch.tensor([[0, 4, 10]], dtype=torch.int32)),
+        ValueError,
+        "cu_seqlens_q must be 1-D",
+    ),
     (lambda: _with(_varlen_inputs, q=torch.zeros(1, 10, 2, 64)), ValueError, "q must be 3-D"),
 ]
 
@@ -497,7 +523,10 @@ def test_bad_input_names_the_argument(make_arguments, error, message):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [(dict(anchor_rounding="quarter"), "anchor_rounding"), (dict(mode="exact", anchor_rounding="half_octave"), "rowmax_h15")],
+    [
+        (dict(anchor_rounding="quarter"), "anchor_rounding"),
+        (dict(mode="exact", anchor_rounding="half_octave"), "rowmax_h15"),
+    ],
 )
 def test_anchor_rounding_is_validated(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -527,8 +556,9 @@ def test_half_octave_anchor_matches_a_direct_one_tile_computation():
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-6)  # the LSE is returned in fp32
     # The max element sits within 1/4 octave of the anchor, so it still rounds to weight 1; the others move.
     assert (p.amax(-1) == 1.0).all()
-    exact_out, _ = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=64, p_dtype=torch.float64),
-                                       compute_dtype=torch.float64)
+    exact_out, _ = attention_reference(
+        q, k, v, SoftmaxConfig(mode="rowmax_h15", tile_n=64, p_dtype=torch.float64), compute_dtype=torch.float64
+    )
     assert not torch.equal(out, exact_out)
 
 
@@ -539,11 +569,13 @@ def test_half_octave_anchor_over_many_tiles_stays_in_the_h15_envelope(causal, th
     gen = torch.Generator().manual_seed(12)
     q = torch.randn(1, 200, 2, 64, generator=gen, dtype=torch.float64) * 3
     k, v = (torch.randn(1, 200, 2, 64, generator=gen, dtype=torch.float64) for _ in range(2))
-    config = SoftmaxConfig(mode="rowmax_h15", tile_n=32, p_dtype=torch.float64, anchor_rounding="half_octave",
-                           rescale_threshold=threshold)
+    config = SoftmaxConfig(
+        mode="rowmax_h15", tile_n=32, p_dtype=torch.float64, anchor_rounding="half_octave", rescale_threshold=threshold
+    )
     out, lse = attention_reference(q, k, v, config, causal=causal, compute_dtype=torch.float64)
-    _, exact_lse = attention_reference(q, k, v, SoftmaxConfig(p_dtype=torch.float64, tile_n=32), causal=causal,
-                                       compute_dtype=torch.float64)
+    _, exact_lse = attention_reference(
+        q, k, v, SoftmaxConfig(p_dtype=torch.float64, tile_n=32), causal=causal, compute_dtype=torch.float64
+    )
     assert torch.isfinite(out).all()
     # log2(sum H) - log2(sum exp2) lies in H's per-element envelope [-0.25, 0.335] octaves.
     shift = (lse - exact_lse) / math.log(2.0)

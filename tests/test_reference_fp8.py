@@ -27,7 +27,11 @@ def h15_weight_with_offset(n: torch.Tensor) -> torch.Tensor:
 
 def fp8_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim=64, seed=0, dtype=E4M3):
     generator = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_k, head_dim), (batch, seqlen_k, heads_k, head_dim)]
+    shapes = [
+        (batch, seqlen_q, heads_q, head_dim),
+        (batch, seqlen_k, heads_k, head_dim),
+        (batch, seqlen_k, heads_k, head_dim),
+    ]
     return [torch.randn(*shape, generator=generator).to(dtype) for shape in shapes]
 
 
@@ -56,11 +60,14 @@ def test_h15_e4m3_bytes_clamp_to_zero_below_the_normal_range():
     assert (4 * below + 120).item() == 4
 
 
-@pytest.mark.parametrize("bad, error, message", [
-    (torch.tensor([0.0]), TypeError, "integer tensor"),
-    ([0], TypeError, "torch.Tensor"),
-    (torch.tensor([0, H15_E4M3_MAX_N + 1]), ValueError, "n must be <= 1"),
-])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (torch.tensor([0.0]), TypeError, "integer tensor"),
+        ([0], TypeError, "torch.Tensor"),
+        (torch.tensor([0, H15_E4M3_MAX_N + 1]), ValueError, "n must be <= 1"),
+    ],
+)
 def test_h15_e4m3_bytes_rejects_bad_input(bad, error, message):
     with pytest.raises(error, match=message):
         h15_e4m3_bytes(bad)
@@ -97,9 +104,14 @@ def test_reference_h15_with_e4m3_p_is_the_byte_oracle_and_sums_the_same_p():
     kept = h15_weight_with_offset(n[n >= H15_E4M3_MIN_N])
     assert lse.item() == pytest.approx(math.log(kept.sum().item() / 2**FP8_MAX_OFFSET), abs=1e-6)
     # The flushed tail is real mass in fp32 P: without the flush the normalised P would not add up to 1.
-    fp32_out, _ = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=FP8_MAX_OFFSET,
-                                                             p_dtype=torch.float64, tile_n=64),
-                                      softmax_scale=LN2, compute_dtype=torch.float64)
+    fp32_out, _ = attention_reference(
+        q,
+        k,
+        v,
+        SoftmaxConfig(mode="rowmax_h15", max_offset=FP8_MAX_OFFSET, p_dtype=torch.float64, tile_n=64),
+        softmax_scale=LN2,
+        compute_dtype=torch.float64,
+    )
     assert (fp32_out[0, 0, 0, 28:40] > 0).all() and (p[29:] == 0).all()
 
 
@@ -131,7 +143,9 @@ def test_fp8_inputs_give_the_result_of_their_fp32_dequantization(mode, causal, p
 
 def test_fp8_varlen_inputs_give_the_result_of_their_fp32_dequantization():
     generator = torch.Generator().manual_seed(2)
-    q8, k8, v8 = (torch.randn(total, heads, 64, generator=generator).to(E4M3) for total, heads in ((50, 4), (90, 2), (90, 2)))
+    q8, k8, v8 = (
+        torch.randn(total, heads, 64, generator=generator).to(E4M3) for total, heads in ((50, 4), (90, 2), (90, 2))
+    )
     cu_q, cu_k = torch.tensor([0, 20, 50], dtype=torch.int32), torch.tensor([0, 60, 90], dtype=torch.int32)
     descale = torch.tensor([[0.5, 2.0], [0.25, 1.0]])
     config = SoftmaxConfig(mode="rowmax_h15", tile_n=32, max_offset=FP8_MAX_OFFSET)
@@ -164,7 +178,9 @@ def test_power_of_two_descales_fold_exactly(mode):
         return x8.float() * d.repeat_interleave(heads // d.shape[1], dim=1)[:, None, :, None]
 
     config32 = SoftmaxConfig(mode=mode, tile_n=32, max_offset=FP8_MAX_OFFSET, p_dtype=E4M3)
-    out32, lse32 = attention_reference(dequantize(q8, qd), dequantize(k8, kd), dequantize(v8, vd), config32, causal=True)
+    out32, lse32 = attention_reference(
+        dequantize(q8, qd), dequantize(k8, kd), dequantize(v8, vd), config32, causal=True
+    )
     assert torch.equal(out8, out32.to(torch.bfloat16)) and torch.equal(lse8, lse32)
     # and the descales do act: without them the result differs
     plain, _ = attention_reference(q8, k8, v8, config, causal=True)
@@ -176,8 +192,9 @@ def test_general_descales_fold_to_rounding():
     generator = torch.Generator().manual_seed(8)
     qd, kd, vd = (torch.rand(1, 2, generator=generator) + 0.5 for _ in range(3))
     config = SoftmaxConfig(mode="exact", tile_n=32, max_offset=FP8_MAX_OFFSET, p_dtype=torch.float32)
-    out8, lse8 = attention_reference(q8, k8, v8, config, q_descale=qd, k_descale=kd, v_descale=vd,
-                                     compute_dtype=torch.float64)
+    out8, lse8 = attention_reference(
+        q8, k8, v8, config, q_descale=qd, k_descale=kd, v_descale=vd, compute_dtype=torch.float64
+    )
     q = q8.double() * qd[:, None, :, None].double()
     k = k8.double() * kd[:, None, :, None].double()
     v = v8.double() * vd[:, None, :, None].double()
@@ -210,8 +227,9 @@ def test_exact_e4m3_p_error_is_within_the_derived_bound(causal):
     # the FP8 values as fp64 inputs: the output is compared before any BF16 rounding
     q, k, v = (x.double() for x in (q8, k8, v8))
     out8 = attention_reference(q, k, v, SoftmaxConfig(tile_n=64, max_offset=FP8_MAX_OFFSET, p_dtype=E4M3), **kwargs)[0]
-    out = attention_reference(q, k, v, SoftmaxConfig(tile_n=64, max_offset=FP8_MAX_OFFSET, p_dtype=torch.float64),
-                              **kwargs)[0]
+    out = attention_reference(
+        q, k, v, SoftmaxConfig(tile_n=64, max_offset=FP8_MAX_OFFSET, p_dtype=torch.float64), **kwargs
+    )[0]
     bound = v.abs().max().item() * (E4M3_UNIT_ROUNDOFF + 256 * 2.0**-18)
     assert (out8 - out).abs().max().item() <= bound
     rel = ((out8 - out).norm() / out.norm()).item()
@@ -225,8 +243,9 @@ def test_h15_e4m3_p_differs_from_fp32_p_only_by_the_flush():
     q, k, v = (x.double() * 3 for x in (q8, k8, v8))  # wide scores: a real tail below 2^-14 of the max
     kwargs = dict(causal=True, compute_dtype=torch.float64)
     out8 = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=8, p_dtype=E4M3), **kwargs)[0]
-    out = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=8, p_dtype=torch.float64),
-                              **kwargs)[0]
+    out = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=8, p_dtype=torch.float64), **kwargs)[
+        0
+    ]
     keys = 64
     flushed_mass = keys * E4M3_TINY
     bound = 2 * v.abs().max().item() * flushed_mass / (2.0**8 - flushed_mass)
@@ -235,8 +254,9 @@ def test_h15_e4m3_p_differs_from_fp32_p_only_by_the_flush():
     # narrow scores: nothing below 2^-14 of the max, so e4m3 P gives the fp32 P's result exactly
     q, k = q / 6, k / 6
     narrow8 = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=8, p_dtype=E4M3), **kwargs)[0]
-    narrow = attention_reference(q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=8, p_dtype=torch.float64),
-                                 **kwargs)[0]
+    narrow = attention_reference(
+        q, k, v, SoftmaxConfig(mode="rowmax_h15", max_offset=8, p_dtype=torch.float64), **kwargs
+    )[0]
     assert torch.equal(narrow8, narrow)
 
 
@@ -251,18 +271,40 @@ def _fp8_arguments(**changes):
 
 
 BAD_FP8_INPUTS = [
-    (lambda: _fp8_arguments(k=torch.zeros(2, 8, 2, 64, dtype=torch.bfloat16)), TypeError,
-     "q, k and v must share one dtype"),
-    (lambda: _fp8_arguments(config=SoftmaxConfig(mode="baps")), ValueError,
-     "FP8 q/k/v (torch.float8_e4m3fn) apply to modes ('exact', 'rowmax_pot', 'rowmax_h15'), not mode='baps'"),
-    (lambda: _fp8_arguments(q_descale=torch.ones(2, 4)), ValueError, "q_descale must have shape (batch, heads_k) = (2, 2)"),
-    (lambda: _fp8_arguments(v_descale=torch.ones(2, 2, dtype=torch.float64)), TypeError,
-     "v_descale must have dtype torch.float32"),
+    (
+        lambda: _fp8_arguments(k=torch.zeros(2, 8, 2, 64, dtype=torch.bfloat16)),
+        TypeError,
+        "q, k and v must share one dtype",
+    ),
+    (
+        lambda: _fp8_arguments(config=SoftmaxConfig(mode="baps")),
+        ValueError,
+        "FP8 q/k/v (torch.float8_e4m3fn) apply to modes ('exact', 'rowmax_pot', 'rowmax_h15'), not mode='baps'",
+    ),
+    (
+        lambda: _fp8_arguments(q_descale=torch.ones(2, 4)),
+        ValueError,
+        "q_descale must have shape (batch, heads_k) = (2, 2)",
+    ),
+    (
+        lambda: _fp8_arguments(v_descale=torch.ones(2, 2, dtype=torch.float64)),
+        TypeError,
+        "v_descale must have dtype torch.float32",
+    ),
     (lambda: _fp8_arguments(k_descale=[[1.0, 1.0], [1.0, 1.0]]), TypeError, "k_descale must be None or a float32"),
     (lambda: _fp8_arguments(k_descale=torch.zeros(2, 2)), ValueError, "k_descale must hold finite positive"),
     (lambda: _fp8_arguments(q_descale=torch.ones(2, 2, device="meta")), ValueError, "q_descale must be on q's device"),
-    (lambda: dict(_fp8_arguments(), q=torch.zeros(2, 8, 4, 64), k=torch.zeros(2, 8, 2, 64), v=torch.zeros(2, 8, 2, 64),
-                  q_descale=torch.ones(2, 2)), ValueError, "q_descale apply to FP8 inputs only"),
+    (
+        lambda: dict(
+            _fp8_arguments(),
+            q=torch.zeros(2, 8, 4, 64),
+            k=torch.zeros(2, 8, 2, 64),
+            v=torch.zeros(2, 8, 2, 64),
+            q_descale=torch.ones(2, 2),
+        ),
+        ValueError,
+        "q_descale apply to FP8 inputs only",
+    ),
     (lambda: _fp8_arguments(q=torch.full((2, 8, 4, 64), math.nan).to(E4M3)), ValueError, "q holds NaN or Inf"),
 ]
 

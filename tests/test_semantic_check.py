@@ -15,9 +15,15 @@ def _inputs(seed, sq=600, sk=700):
     return q, k, v
 
 
-@pytest.mark.parametrize("knobs", [{"softmax_mode": "rowmax_h15"}, {"softmax_mode": "rowmax_pot"},
-                                   {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0, "beta": 0.5},
-                                   {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave"}])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"softmax_mode": "rowmax_h15"},
+        {"softmax_mode": "rowmax_pot"},
+        {"softmax_mode": "rowmax_h15", "rescale_threshold": 8.0, "beta": 0.5},
+        {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave"},
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_stage_reference_passes_and_a_wrong_softmax_fails(knobs, causal):
     q, k, v = _inputs(1)

@@ -22,8 +22,17 @@ def _loop(body: list[str], prologue: int = 2) -> list[str]:
     head = ["NOP"] * prologue
     start = 16 * len(head)
     stub_target = 16 * (len(head) + 1)
-    return head + body + [f"@P1 BRA 0x{start:x}", "EXIT", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R6",
-                          "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", f"@!P0 BRA 0x{stub_target:x}"]
+    return (
+        head
+        + body
+        + [
+            f"@P1 BRA 0x{start:x}",
+            "EXIT",
+            "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R6",
+            "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24",
+            f"@!P0 BRA 0x{stub_target:x}",
+        ]
+    )
 
 
 QK = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR48], R24"]
@@ -47,9 +56,21 @@ def test_the_main_loop_is_the_last_backward_branch_with_mma_and_no_exit():
 
 
 def test_pipe_classes():
-    assert [sm.pipe_of(m) for m in ("MUFU.EX2", "FFMA.FTZ", "IMAD.U32", "FMNMX.NAN", "LEA", "F2FP.BF16.F32.PACK_AB",
-                                    "UIADD3", "BAR.SYNC", "HGMMA.64x128x16.F32.BF16", "QGMMA.64x192x32.F32.E4M3.E4M3")] \
-        == ["mufu", "fma", "fma", "alu", "alu", "alu", "uniform", "other", "mma", "mma"]
+    assert [
+        sm.pipe_of(m)
+        for m in (
+            "MUFU.EX2",
+            "FFMA.FTZ",
+            "IMAD.U32",
+            "FMNMX.NAN",
+            "LEA",
+            "F2FP.BF16.F32.PACK_AB",
+            "UIADD3",
+            "BAR.SYNC",
+            "HGMMA.64x128x16.F32.BF16",
+            "QGMMA.64x192x32.F32.E4M3.E4M3",
+        )
+    ] == ["mufu", "fma", "fma", "alu", "alu", "alu", "uniform", "other", "mma", "mma"]
 
 
 def test_mma_flops_come_from_the_shapes():
@@ -89,8 +110,12 @@ def test_the_pingpong_term_binds_when_one_warp_alone_is_too_slow():
 
 
 def test_the_vote_branch_is_weighted_by_its_skip_fraction():
-    body = QK * 2 + ["VOTE.ANY R0, PT, P0", "@!P0 BRA 0x{:x}".format(16 * (2 + 2 + 2 + 64))] \
-        + ["FMUL R1, R1, R2"] * 64 + ["FADD R3, R3, R4"]
+    body = (
+        QK * 2
+        + ["VOTE.ANY R0, PT, P0", "@!P0 BRA 0x{:x}".format(16 * (2 + 2 + 2 + 64))]
+        + ["FMUL R1, R1, R2"] * 64
+        + ["FADD R3, R3, R4"]
+    )
     sass = _loop(body)
     never = sm.tile_counts(sass, skip=0.0)
     always = sm.tile_counts(sass, skip=1.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CASES = '''
+CASES = """
 import pytest
 
 def test_missing_package():
@@ -25,15 +25,21 @@ def test_opt_in():
 
 def test_passes():
     pass
-'''
+"""
 
 
 def _run(tmp_path: Path, strict: bool) -> str:
     shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_cases.py").write_text(CASES)
     env = dict(os.environ, LOWPREC_STRICT_SKIPS="1" if strict else "0")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return proc.stdout.strip().splitlines()[-1]
 
 

@@ -91,8 +91,8 @@ from typing import Sequence
 import torch
 
 from fa4_rowmax.config import FP8_MAX_OFFSET
-from fa4_rowmax.gates.tolerances import FP8_ACCUMULATOR_BITS
 from fa4_rowmax.gates.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
+from fa4_rowmax.gates.tolerances import FP8_ACCUMULATOR_BITS
 
 H15_ENVELOPE = (-0.25, math.log2(1.5) - 0.25)  # log2(H(y)) - y, octaves
 H15_RATIO_BOUND = math.log2(1.5)  # |log2(P_kernel / P_exact)|: two envelope extremes apart
@@ -378,7 +378,11 @@ def multi_tile_gate(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     sizes = (
-        ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("batch", batch), ("heads_q", heads_q), ("heads_k", heads_k)
+        ("seqlen_q", seqlen_q),
+        ("seqlen_k", seqlen_k),
+        ("batch", batch),
+        ("heads_q", heads_q),
+        ("heads_k", heads_k),
     )
     for name, value in sizes:
         if not isinstance(value, int) or value < 1:
@@ -423,28 +427,36 @@ def multi_tile_gate(
     lo, hi = H15_ENVELOPE
     checks = [
         _evaluate(
-            "log2(P/P_exact)", ratio, judged, (-H15_RATIO_BOUND - tol, H15_RATIO_BOUND + tol + flush_widening),
+            "log2(P/P_exact)",
+            ratio,
+            judged,
+            (-H15_RATIO_BOUND - tol, H15_RATIO_BOUND + tol + flush_widening),
             f"tol {tol:.3g} oct (out {_dtype_name(kernel.out_dtype)}); unresolvable (underflow): {n_underflow}"
             + (
                 f"; below P's normal range: {n_flushed} (flushed mass widens by {flush_widening:.2g} oct)"
-                if dtype in FP8_DTYPES else ""
+                if dtype in FP8_DTYPES
+                else ""
             ),
         ),
         _evaluate(
-            "log2(w_hat/w) via LSE", lse_view, resolved, (lo - tol, hi + tol),
+            "log2(w_hat/w) via LSE",
+            lse_view,
+            resolved,
+            (lo - tol, hi + tol),
             f"LSE spread between calls {kernel.lse_spread:.3g}",
         ),
         _evaluate(
-            "log2(w_hat/w) via row max", rowmax_view, resolved & anchored_rows, (lo - 2 * tol, hi + 2 * tol),
+            "log2(w_hat/w) via row max",
+            rowmax_view,
+            resolved & anchored_rows,
+            (lo - 2 * tol, hi + 2 * tol),
             (f"row-max shift in [{float(shifts.min()):+.3f}, {float(shifts.max()):+.3f}]; " if shifts.numel() else "")
             + f"rows with stale anchor (e* != 0, not judged): {n_stale}",
         ),
     ]
     checks += _mask_checks(kernel, valid)
     mask = "causal" if causal else "non-causal"
-    setup = (
-        f"{_dtype_name(dtype)} {mask} {seqlen_q}x{seqlen_k} b{batch} h{heads_q}/{heads_k} d{head_dim} seed {seed}"
-    )
+    setup = f"{_dtype_name(dtype)} {mask} {seqlen_q}x{seqlen_k} b{batch} h{heads_q}/{heads_k} d{head_dim} seed {seed}"
     return GateReport("multi-tile", setup, tuple(checks))
 
 
@@ -480,8 +492,16 @@ def run_gates(
         for seed in case_seeds:
             reports.append(
                 multi_tile_gate(
-                    backend, causal=causal, seqlen_q=seqlen_q, seqlen_k=seqlen_k, dtype=dtype, batch=batch,
-                    heads_q=heads_q, heads_k=heads_k, seed=seed, device=device,
+                    backend,
+                    causal=causal,
+                    seqlen_q=seqlen_q,
+                    seqlen_k=seqlen_k,
+                    dtype=dtype,
+                    batch=batch,
+                    heads_q=heads_q,
+                    heads_k=heads_k,
+                    seed=seed,
+                    device=device,
                 )
             )
     return reports
@@ -495,9 +515,7 @@ def _format_number(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:+.4g}"
 
 
-def format_report(
-    reports: Sequence[GateReport], *, title: str = "", expect_pass: Sequence[bool] | None = None
-) -> str:
+def format_report(reports: Sequence[GateReport], *, title: str = "", expect_pass: Sequence[bool] | None = None) -> str:
     """A table with one line per check. ``expect_pass`` (one per report) adds what each gate was meant to
     give; a control that must fail shows ``FAIL (expected)``."""
     if expect_pass is not None and len(expect_pass) != len(reports):
@@ -512,17 +530,19 @@ def format_report(
         elif not expected:
             verdict += " (expected)"
         for position, check in enumerate(report.checks):
-            rows.append((
-                report.name if position == 0 else "",
-                report.setup if position == 0 else "",
-                check.name,
-                verdict if position == 0 else ("ok" if check.passed else "fail"),
-                f"{check.n_elements:,}",
-                _format_number(check.worst),
-                f"[{_format_number(check.bound[0])}, {_format_number(check.bound[1])}]",
-                "" if check.where is None else ",".join(map(str, check.where)),
-                check.note,
-            ))
+            rows.append(
+                (
+                    report.name if position == 0 else "",
+                    report.setup if position == 0 else "",
+                    check.name,
+                    verdict if position == 0 else ("ok" if check.passed else "fail"),
+                    f"{check.n_elements:,}",
+                    _format_number(check.worst),
+                    f"[{_format_number(check.bound[0])}, {_format_number(check.bound[1])}]",
+                    "" if check.where is None else ",".join(map(str, check.where)),
+                    check.note,
+                )
+            )
     try:
         from rich.console import Console
         from rich.table import Table

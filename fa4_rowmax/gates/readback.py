@@ -137,9 +137,7 @@ def read_probabilities(
                 f"{(batch, seqlen_q, heads_q, head_dim_v)} (q's shape with V's head dim)"
             )
         if tuple(lse.shape) != (batch, heads_q, seqlen_q):
-            raise ValueError(
-                f"backend returned lse of shape {tuple(lse.shape)}, expected {(batch, heads_q, seqlen_q)}"
-            )
+            raise ValueError(f"backend returned lse of shape {tuple(lse.shape)}, expected {(batch, heads_q, seqlen_q)}")
         first_key = block * head_dim_v
         n_keys = min(head_dim_v, seqlen_k - first_key)
         p[..., first_key : first_key + n_keys] = out[..., :n_keys].permute(0, 2, 1, 3).to(torch.float64)

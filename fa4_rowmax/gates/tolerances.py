@@ -59,16 +59,26 @@ def _gamma(n: int) -> float:
     return n * UNIT_ROUNDOFF_FP32 / (1 - n * UNIT_ROUNDOFF_FP32)
 
 
-def kernel_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: SoftmaxConfig, *, causal: bool,
-                  softmax_scale: float | None = None, out_dtype: torch.dtype | None = None) -> KernelBounds:
+def kernel_bounds(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    config: SoftmaxConfig,
+    *,
+    causal: bool,
+    softmax_scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> KernelBounds:
     """Per-row bounds on how far a kernel computing `config` may be from `attention_reference(..., config)`.
 
     Dense FA4 layout: q (B, Lq, Hq, D), k/v (B, Lk, Hk, D), causal bottom-right. `out_dtype` is the output's
     dtype (default q's), whose rounding both sides pay. Only the FA4 modes (exact, rowmax_h15, rowmax_pot)
     with the tile anchor; other modes raise ValueError."""
     if config.mode not in ("exact", *LATTICE) or config.anchor != "tile":
-        raise ValueError(f"kernel_bounds covers modes exact/rowmax_h15/rowmax_pot with anchor='tile'; got "
-                         f"{config.mode!r}, {config.anchor!r}")
+        raise ValueError(
+            f"kernel_bounds covers modes exact/rowmax_h15/rowmax_pot with anchor='tile'; got "
+            f"{config.mode!r}, {config.anchor!r}"
+        )
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     group = heads_q // heads_k
@@ -99,8 +109,9 @@ def kernel_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Sof
         if config.rescale_threshold > 0:
             keep = step >= -config.rescale_threshold
             seen = torch.isfinite(running) & torch.isfinite(candidate)
-            decision_gap = torch.where(seen, torch.minimum(decision_gap, (step + config.rescale_threshold).abs()),
-                                       decision_gap)
+            decision_gap = torch.where(
+                seen, torch.minimum(decision_gap, (step + config.rescale_threshold).abs()), decision_gap
+            )
             running = torch.where(keep & torch.isfinite(running), running, candidate)
         else:
             running = candidate
@@ -117,8 +128,9 @@ def kernel_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Sof
     y = x - anchor + config.max_offset
     finite_anchor = torch.isfinite(anchor)
     magnitude = (x.abs() + anchor.abs()).where(finite_anchor & torch.isfinite(x), 0.0).amax(-1)
-    delta = (2 * scale_log2 * _gamma(head_dim) * abs_dot.where(visible, 0.0).amax(-1)
-             + 8 * UNIT_ROUNDOFF_FP32 * magnitude)  # (B, Hq, Lq)
+    delta = (
+        2 * scale_log2 * _gamma(head_dim) * abs_dot.where(visible, 0.0).amax(-1) + 8 * UNIT_ROUNDOFF_FP32 * magnitude
+    )  # (B, Hq, Lq)
 
     pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)  # exact, fp64; 0 on rows with no key
     v_max = vf.abs().amax(dim=(-1, -2))[..., None]  # (B, Hq, 1)
@@ -146,21 +158,27 @@ def kernel_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Sof
 
     decision = decision_gap < delta
     if config.mode != "exact" or config.rescale_threshold > 0 or config.anchor_rounding != "exact":
-        cap_out = 2 * v_max * (2**max(envelope, 0.0) - 1 if envelope else 1.0)
+        cap_out = 2 * v_max * (2 ** max(envelope, 0.0) - 1 if envelope else 1.0)
         out_bound = torch.where(decision, torch.maximum(out_bound, cap_out), out_bound)
-        lse_bound = torch.where(decision, torch.maximum(lse_bound, torch.full_like(lse_bound, math.log(2.0) * envelope)),
-                                lse_bound)
+        lse_bound = torch.where(
+            decision, torch.maximum(lse_bound, torch.full_like(lse_bound, math.log(2.0) * envelope)), lse_bound
+        )
     out_bound = torch.minimum(out_bound, 2 * v_max)
     if envelope:
         lse_bound = torch.minimum(lse_bound, torch.full_like(lse_bound, math.log(2.0) * envelope))
     out_bound = out_bound.where(has_key, 0.0)
     lse_bound = lse_bound.where(has_key, 0.0)
-    return KernelBounds(out=out_bound.transpose(1, 2)[..., None].float(), lse=lse_bound.float(),
-                        fragile_elements=fragile_count, decision_rows=int(decision.sum()))
+    return KernelBounds(
+        out=out_bound.transpose(1, 2)[..., None].float(),
+        lse=lse_bound.float(),
+        fragile_elements=fragile_count,
+        decision_rows=int(decision.sum()),
+    )
 
 
-def assert_within_bounds(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,
-                         bounds: KernelBounds) -> None:
+def assert_within_bounds(
+    out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor, bounds: KernelBounds
+) -> None:
     """The kernel's output and LSE within `bounds` of the reference's in every row; rows with no key give -inf
     LSE in both; nothing NaN where the reference is finite."""
     finite = torch.isfinite(ref_lse)
@@ -169,11 +187,13 @@ def assert_within_bounds(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Te
     lse_err = (lse[finite].float() - ref_lse[finite].float()).abs()
     worst = int(torch.argmax(lse_err - bounds.lse.to(lse.device)[finite])) if lse_err.numel() else 0
     assert (lse_err <= bounds.lse.to(lse.device)[finite]).all(), (
-        f"LSE off by {float(lse_err[worst]):.3g} where the bound is {float(bounds.lse.to(lse.device)[finite][worst]):.3g}")
+        f"LSE off by {float(lse_err[worst]):.3g} where the bound is {float(bounds.lse.to(lse.device)[finite][worst]):.3g}"
+    )
     out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
     excess = out_err - bounds.out.to(out.device)
     assert (excess <= 0).all(), (
-        f"output off by up to {float(out_err.max()):.3g}; the worst row exceeds its bound by {float(excess.max()):.3g}")
+        f"output off by up to {float(out_err.max()):.3g}; the worst row exceeds its bound by {float(excess.max()):.3g}"
+    )
 
 
 # Note [FP8 kernel vs reference bounds]

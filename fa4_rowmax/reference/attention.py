@@ -100,8 +100,8 @@ from typing import Optional
 
 import torch
 
-from fa4_rowmax.reference import fused_softmax
 from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.reference import fused_softmax
 from fa4_rowmax.reference.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
 from fa4_rowmax.reference.hif8 import round_to_hif8
 
@@ -170,9 +170,7 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.dev
         raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
     bounds = cu.tolist()
     if bounds[0] != 0 or bounds[-1] != total or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
-        raise ValueError(
-            f"{name} must start at 0, never decrease and end at the token count {total}, got {bounds}"
-        )
+        raise ValueError(f"{name} must start at 0, never decrease and end at the token count {total}, got {bounds}")
     return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
 
 
@@ -188,7 +186,9 @@ def _check_descales(descales: dict, q: torch.Tensor, batch: int, heads_k: int) -
     for name in given:
         d = descales[name]
         if not isinstance(d, torch.Tensor):
-            raise TypeError(f"{name} must be None or a float32 torch.Tensor of shape (batch, heads_k), got {type(d).__name__}")
+            raise TypeError(
+                f"{name} must be None or a float32 torch.Tensor of shape (batch, heads_k), got {type(d).__name__}"
+            )
         if d.dtype != torch.float32:
             raise TypeError(f"{name} must have dtype torch.float32 (as FA4 takes it), got {d.dtype}")
         if tuple(d.shape) != (batch, heads_k):
@@ -196,7 +196,9 @@ def _check_descales(descales: dict, q: torch.Tensor, batch: int, heads_k: int) -
         if d.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {d.device}")
         if not bool((torch.isfinite(d) & (d > 0)).all()):
-            raise ValueError(f"{name} must hold finite positive scale factors, got min {d.min().item()}, max {d.max().item()}")
+            raise ValueError(
+                f"{name} must hold finite positive scale factors, got min {d.min().item()}, max {d.max().item()}"
+            )
 
 
 def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, compute_dtype, config, descales):
@@ -302,8 +304,9 @@ def _score_scale(scale_log2):
     return scale_log2[..., None] if isinstance(scale_log2, torch.Tensor) else scale_log2
 
 
-def _pack(q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple,
-          q_descale=None, k_descale=None) -> _Problem:
+def _pack(
+    q, k, v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple, q_descale=None, k_descale=None
+) -> _Problem:
     """Dense (batch, seqlen, heads, dim) inputs -> the tile loop's layout, rows padded to `row_multiple`."""
     batch, rows, heads_q, head_dim = q.shape
     heads_k = k.shape[2]
@@ -678,8 +681,19 @@ def attention_reference(
         dense_k = _to_padded(dense_k, cu_seqlens_k, seqlen_k)
         dense_v = _to_padded(dense_v, cu_seqlens_k, seqlen_k)
     row_multiple = config.tile_m if config.mode == "baps" else 1
-    problem = _pack(dense_q, dense_k, dense_v, seqlen_q, seqlen_k, causal, softmax_scale, compute_dtype, row_multiple,
-                    q_descale, k_descale)
+    problem = _pack(
+        dense_q,
+        dense_k,
+        dense_v,
+        seqlen_q,
+        seqlen_k,
+        causal,
+        softmax_scale,
+        compute_dtype,
+        row_multiple,
+        q_descale,
+        k_descale,
+    )
     acc, row_sum, lse_base_log2, counters = _RUNNERS[config.mode](problem, config, p_dtype, return_counters)
 
     # A row with no key (or, defensively, a zero or NaN sum) gives out 0 and lse -inf, as FA4 does.

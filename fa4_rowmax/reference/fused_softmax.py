@@ -97,11 +97,14 @@ def check_mx_format(mx_format) -> str:
 
 def check_recovery_threshold(recovery_threshold) -> float:
     if isinstance(recovery_threshold, bool) or not isinstance(recovery_threshold, numbers.Real):
-        raise TypeError(f"recovery_threshold must be a real number in [0, {RECOVERY_THRESHOLD_MAX}); "
-                        f"got {type(recovery_threshold).__name__}")
+        raise TypeError(
+            f"recovery_threshold must be a real number in [0, {RECOVERY_THRESHOLD_MAX}); "
+            f"got {type(recovery_threshold).__name__}"
+        )
     if not 0.0 <= recovery_threshold < RECOVERY_THRESHOLD_MAX:
-        raise ValueError(f"recovery_threshold must be in [0, {RECOVERY_THRESHOLD_MAX}) (log2 units); "
-                         f"got {recovery_threshold}")
+        raise ValueError(
+            f"recovery_threshold must be in [0, {RECOVERY_THRESHOLD_MAX}) (log2 units); got {recovery_threshold}"
+        )
     return float(recovery_threshold)
 
 
@@ -137,21 +140,26 @@ def _quantize_along_keys(v: torch.Tensor, fmt: str, key_dim: int, cu_seqlens: Op
     if cu_seqlens is None:
         return fake_quantize_mx(v.float(), fmt, MX_BLOCK, dim=key_dim)
     bounds = cu_seqlens.tolist()
-    pieces = [fake_quantize_mx(v[start:end].float(), fmt, MX_BLOCK, dim=key_dim)
-              for start, end in zip(bounds[:-1], bounds[1:])]
+    pieces = [
+        fake_quantize_mx(v[start:end].float(), fmt, MX_BLOCK, dim=key_dim)
+        for start, end in zip(bounds[:-1], bounds[1:])
+    ]
     return torch.cat(pieces, dim=key_dim) if pieces else v.float()
 
 
-def quantize_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mx_format: str,
-                      cu_seqlens_k: Optional[torch.Tensor] = None):
+def quantize_operands(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mx_format: str, cu_seqlens_k: Optional[torch.Tensor] = None
+):
     """MX round trip of the three operands, as float32: Q and K in blocks of 32 along head_dim, V in
     blocks of 32 along keys (dim 1 of (batch, seqlen, heads, head_dim); varlen (total, heads, head_dim)
     with ``cu_seqlens_k``: dim 0, per sequence). See Note [Operand quantization]."""
     fmt = operand_element_format(mx_format)
     key_dim = 0 if cu_seqlens_k is not None else 1
-    return (fake_quantize_mx(q.float(), fmt, MX_BLOCK, dim=-1),
-            fake_quantize_mx(k.float(), fmt, MX_BLOCK, dim=-1),
-            _quantize_along_keys(v, fmt, key_dim, cu_seqlens_k))
+    return (
+        fake_quantize_mx(q.float(), fmt, MX_BLOCK, dim=-1),
+        fake_quantize_mx(k.float(), fmt, MX_BLOCK, dim=-1),
+        _quantize_along_keys(v, fmt, key_dim, cu_seqlens_k),
+    )
 
 
 def needs_recovery(tile_max: torch.Tensor, frozen_max: torch.Tensor, recovery_threshold: float) -> torch.Tensor:
@@ -212,9 +220,18 @@ def _dense_reference(q, k, v, causal, scale_log2, mx_format, recovery_threshold,
     return out, row_sum, frozen, recoveries
 
 
-def fused_softmax_attention_reference(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
-                                      mx_format: str = "mxfp8", recovery_threshold: float = 8.0,
-                                      tile_n: int = 128, return_counters: bool = False):
+def fused_softmax_attention_reference(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    mx_format: str = "mxfp8",
+    recovery_threshold: float = 8.0,
+    tile_n: int = 128,
+    return_counters: bool = False,
+):
     """Fused-Softmax attention, dense layout (batch, seqlen, heads, head_dim), GQA, causal aligned
     bottom-right. Pure torch, float32 throughout (the MX-quantized operands are exact in float32).
 
@@ -238,7 +255,8 @@ def fused_softmax_attention_reference(q, k, v, *, causal: bool = False, softmax_
     kq = kq.transpose(1, 2).repeat_interleave(group, dim=1)
     vq = vq.transpose(1, 2).repeat_interleave(group, dim=1)
     out, row_sum, frozen, recoveries = _dense_reference(
-        qq, kq, vq, causal, softmax_scale * math.log2(math.e), mx_format, recovery_threshold, tile_n)
+        qq, kq, vq, causal, softmax_scale * math.log2(math.e), mx_format, recovery_threshold, tile_n
+    )
     masked = row_sum == 0
     out = torch.where(masked[..., None], torch.zeros_like(out), out / row_sum[..., None])
     lse = torch.where(masked, torch.full_like(row_sum, -math.inf), (frozen + torch.log2(row_sum)) * math.log(2.0))
@@ -261,8 +279,7 @@ def fused_softmax_attention_reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k
         raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 2 entries")
     outs, lses, recoveries = [], [], []
     for sq0, sq1, sk0, sk1 in zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:]):
-        result = fused_softmax_attention_reference(q[None, sq0:sq1], k[None, sk0:sk1], v[None, sk0:sk1],
-                                                   **options)
+        result = fused_softmax_attention_reference(q[None, sq0:sq1], k[None, sk0:sk1], v[None, sk0:sk1], **options)
         outs.append(result[0][0])
         lses.append(result[1][0])
         if len(result) == 3:

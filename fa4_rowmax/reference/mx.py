@@ -185,8 +185,13 @@ def quantize_mx(x: torch.Tensor, fmt: str, block: int = MX_BLOCK, dim: int = -1)
     return scale, elements
 
 
-def dequantize_mx(scale: torch.Tensor, elements: torch.Tensor, block: int = MX_BLOCK, dim: int = -1,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_mx(
+    scale: torch.Tensor,
+    elements: torch.Tensor,
+    block: int = MX_BLOCK,
+    dim: int = -1,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """``elements * 2 ** (scale - 127)`` broadcast over the blocks of ``block`` along ``dim``, in
     ``dtype``. Scale byte 0xFF gives NaN."""
     dim = _check_block_dim(elements, block, dim)
@@ -196,8 +201,9 @@ def dequantize_mx(scale: torch.Tensor, elements: torch.Tensor, block: int = MX_B
     expected = list(elements.shape)
     expected[dim] = -(-n // block)
     if list(scale.shape) != expected:
-        raise ValueError(f"scale must have shape {tuple(expected)} for elements {tuple(elements.shape)}; "
-                         f"got {tuple(scale.shape)}")
+        raise ValueError(
+            f"scale must have shape {tuple(expected)} for elements {tuple(elements.shape)}; got {tuple(scale.shape)}"
+        )
     work_dtype = torch.float64 if elements.dtype == torch.float64 else torch.float32
     factor = exact_pow2(scale.to(torch.int32) - E8M0_BIAS, work_dtype)
     factor = torch.where(scale == E8M0_NAN, torch.full_like(factor, float("nan")), factor)

@@ -43,12 +43,38 @@ ARCH_ENV = {
 }
 SM100_FAMILY = ("sm100", "sm103")
 DEFAULT_CONFIG = dict(
-    dtype="bf16", causal=True, hdim=128, gqa=False, varlen=False, mode="exact", beta=None,
-    rescale_threshold=None, seqlen=256,
+    dtype="bf16",
+    causal=True,
+    hdim=128,
+    gqa=False,
+    varlen=False,
+    mode="exact",
+    beta=None,
+    rescale_threshold=None,
+    seqlen=256,
 )
 # Instruction classes counted in the SASS (opcode prefix match on the mnemonic).
-COUNTED_OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "LEA", "SHF", "IMAD", "IADD3", "LOP3",
-               "F2FP", "FFMA2", "FADD2", "FMUL2", "HMMA", "HGMMA", "UTCHMMA", "UTCQMMA")
+COUNTED_OPS = (
+    "MUFU.EX2",
+    "FFMA",
+    "FADD",
+    "FMUL",
+    "FMNMX",
+    "FSEL",
+    "LEA",
+    "SHF",
+    "IMAD",
+    "IADD3",
+    "LOP3",
+    "F2FP",
+    "FFMA2",
+    "FADD2",
+    "FMUL2",
+    "HMMA",
+    "HGMMA",
+    "UTCHMMA",
+    "UTCQMMA",
+)
 
 
 def ci_matrix(arch: str) -> list[dict]:
@@ -77,8 +103,11 @@ def full_matrix(arch: str) -> list[dict]:
             for hdim in (64, 128):
                 for gqa, varlen in ((False, False), (True, False), (False, True)):
                     for mode in ("exact",) if varlen else ("exact", "rowmax_h15", "rowmax_pot"):
-                        configs.append(dict(DEFAULT_CONFIG, dtype=dtype, causal=causal, hdim=hdim, gqa=gqa,
-                                            varlen=varlen, mode=mode))
+                        configs.append(
+                            dict(
+                                DEFAULT_CONFIG, dtype=dtype, causal=causal, hdim=hdim, gqa=gqa, varlen=varlen, mode=mode
+                            )
+                        )
     for beta in (0.0, 0.25, 0.5, 0.75, 1.0):
         configs.append(dict(DEFAULT_CONFIG, mode="rowmax_h15", beta=beta))
         configs.append(dict(DEFAULT_CONFIG, mode="exact", beta=beta))
@@ -87,9 +116,9 @@ def full_matrix(arch: str) -> list[dict]:
 
 def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
     """Runs in the subprocess: compile one configuration, return the SASS statistics."""
+    import cutlass.utils
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    import cutlass.utils
 
     num_sms = int(os.environ["FLASH_ATTENTION_NUM_SMS"])
 
@@ -115,8 +144,12 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
     heads_q, heads_k = (8, 2) if config["gqa"] else (4, 4)
     seqlen, hdim = config["seqlen"], config["hdim"]
     knobs = {}
-    if (config["mode"] != "exact" or config["beta"] is not None or config["rescale_threshold"] is not None
-            or config.get("levers")):
+    if (
+        config["mode"] != "exact"
+        or config["beta"] is not None
+        or config["rescale_threshold"] is not None
+        or config.get("levers")
+    ):
         knobs = dict(softmax_mode=config["mode"], beta=config["beta"], rescale_threshold=config["rescale_threshold"])
     with FakeTensorMode():
         if config["varlen"]:
@@ -124,8 +157,18 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
             q = torch.empty(total, heads_q, hdim, dtype=dtype, device="cuda")
             k = torch.empty(total, heads_k, hdim, dtype=dtype, device="cuda")
             cu = torch.tensor([0, seqlen - 7, total], dtype=torch.int32, device="cuda")
-            flash_attn_varlen_func(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seqlen,
-                                   max_seqlen_k=seqlen, causal=config["causal"], return_lse=True, **knobs)
+            flash_attn_varlen_func(
+                q,
+                k,
+                k,
+                cu_seqlens_q=cu,
+                cu_seqlens_k=cu,
+                max_seqlen_q=seqlen,
+                max_seqlen_k=seqlen,
+                causal=config["causal"],
+                return_lse=True,
+                **knobs,
+            )
         elif config.get("levers"):
             # SM90 levers (anchor_rounding, rescale_vote): not flash_attn_func arguments.
             from fa4_rowmax.interface import rowmax_attn_func
@@ -152,8 +195,10 @@ def cuobjdump() -> str:
         tool = Path(root) / "cu13" / "bin" / "cuobjdump"
         if tool.is_file():
             return str(tool)
-    raise FileNotFoundError("cuobjdump not found under nvidia/cu13/bin: pip install -c constraints.txt "
-                            "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    raise FileNotFoundError(
+        "cuobjdump not found under nvidia/cu13/bin: pip install -c constraints.txt "
+        "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+    )
 
 
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -168,7 +213,9 @@ def sass_stats(cubin: Path) -> dict:
         if match:
             instructions.append(line.split("*/", 1)[1].split(";")[0].strip())
     opcodes = Counter(ins.split()[0] if not ins.startswith("@") else ins.split()[1] for ins in instructions)
-    counts = {op: sum(n for name, n in opcodes.items() if name == op or name.startswith(op + ".")) for op in COUNTED_OPS}
+    counts = {
+        op: sum(n for name, n in opcodes.items() if name == op or name.startswith(op + ".")) for op in COUNTED_OPS
+    }
     counts["MUFU.EX2"] = sum(n for name, n in opcodes.items() if name.startswith("MUFU.EX2"))
     return {
         "cubin": cubin.name,
@@ -181,11 +228,26 @@ def sass_stats(cubin: Path) -> dict:
 def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: float = 600) -> dict:
     """Compile one configuration in a fresh subprocess against the FA4 copy in `fa4_site`."""
     dump = Path(tempfile.mkdtemp(prefix="dump_", dir=workdir))
-    env = dict(os.environ, **ARCH_ENV[arch], CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump),
-               PYTHONPATH=os.pathsep.join([str(fa4_site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "fa4_rowmax.stage.compile_check", "one", "--arch", arch, "--config", json.dumps(config),
-           "--dump", str(dump)]
+    env = dict(
+        os.environ,
+        **ARCH_ENV[arch],
+        CUTE_DSL_KEEP="cubin",
+        CUTE_DSL_DUMP_DIR=str(dump),
+        PYTHONPATH=os.pathsep.join([str(fa4_site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        PYTHONWARNINGS="ignore",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "fa4_rowmax.stage.compile_check",
+        "one",
+        "--arch",
+        arch,
+        "--config",
+        json.dumps(config),
+        "--dump",
+        str(dump),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         return {"config": config, "ok": False, "error": proc.stderr[-4000:]}
@@ -196,8 +258,9 @@ def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: flo
 def prepare_fa4_copies(workdir: Path) -> dict[str, Path]:
     """Private stock and patched copies of the installed FA4 (which stays untouched)."""
     site = fa4_patch.default_site()
-    return {state: fa4_patch.copy_package(site, workdir / f"fa4_{state}", state=state)
-            for state in ("stock", "patched")}
+    return {
+        state: fa4_patch.copy_package(site, workdir / f"fa4_{state}", state=state) for state in ("stock", "patched")
+    }
 
 
 def check_matrix(arch: str, configs: list[dict], workdir: Path, jobs: int = 2) -> dict:
@@ -215,10 +278,15 @@ def check_matrix(arch: str, configs: list[dict], workdir: Path, jobs: int = 2) -
         checks["exact_sass_equals_stock"] = exact["sass_sha256"] == stock["sass_sha256"]
     for mode in ("rowmax_h15", "exact"):
         sweep = sorted(
-            ((r["config"]["beta"], r["counts"]["MUFU.EX2"]) for r in patched
-             if r["ok"] and r["config"]["mode"] == mode and r["config"]["beta"] is not None
-             and {k: v for k, v in r["config"].items() if k not in ("beta", "mode")}
-             == {k: v for k, v in DEFAULT_CONFIG.items() if k not in ("beta", "mode")}),
+            (
+                (r["config"]["beta"], r["counts"]["MUFU.EX2"])
+                for r in patched
+                if r["ok"]
+                and r["config"]["mode"] == mode
+                and r["config"]["beta"] is not None
+                and {k: v for k, v in r["config"].items() if k not in ("beta", "mode")}
+                == {k: v for k, v in DEFAULT_CONFIG.items() if k not in ("beta", "mode")}
+            ),
         )
         if len(sweep) >= 2:
             ex2 = [n for _, n in sweep]
@@ -249,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["results"]:
         c = r["config"]
         desc = f"{c['mode']:<11} beta={c['beta']} {c['dtype']} causal={c['causal']} d={c['hdim']} gqa={c['gqa']} varlen={c['varlen']}"
-        print(f"{'ok ' if r['ok'] else 'ERR'} {desc} " + (f"instr={r['instructions']} {r['counts']}" if r["ok"] else r["error"][-800:]))
+        print(
+            f"{'ok ' if r['ok'] else 'ERR'} {desc} "
+            + (f"instr={r['instructions']} {r['counts']}" if r["ok"] else r["error"][-800:])
+        )
     print(json.dumps(report["checks"]))
     return 0 if all(v for k, v in report["checks"].items() if not k.startswith("mufu_by_beta")) else 1
 

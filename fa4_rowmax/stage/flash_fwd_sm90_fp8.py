@@ -41,16 +41,13 @@ from typing import Callable, Optional
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils_basic
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
-import cutlass.utils.hopper_helpers as sm90_utils_basic
-
-from quack import layout_utils
-from quack import sm90_utils
-
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
+from quack import sm90_utils
 
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90, Fp8Stage
 
@@ -154,13 +151,9 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             cute.cosize(self.sQ_layout),
             cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width,
         )
-        sQ_struct = cute.struct.Align[
-            cute.struct.MemRange[self.operand_dtype, cosize_sQO], self.buffer_align_bytes
-        ]
+        sQ_struct = cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cosize_sQO], self.buffer_align_bytes]
         sK_struct, sV_struct = [
-            cute.struct.Align[
-                cute.struct.MemRange[self.operand_dtype, cute.cosize(layout)], self.buffer_align_bytes
-            ]
+            cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(layout)], self.buffer_align_bytes]
             for layout in (self.sK_layout, self.sV_layout)
         ]
         mbar_ptr_Q_struct = cute.struct.MemRange[cutlass.Int64, 1 * 2]

@@ -49,9 +49,14 @@ _ROUNDINGS = ("rn", "rz", "rm", "rp")
 _SIZES = {"f32": 32, "b32": 32, "s32": 32, "u32": 32, "b16": 16, "b64": 64, "pred": 1}
 _E4M3_MAX = 448.0
 _SETP = {
-    "eq": lambda a, b: a == b, "ne": lambda a, b: (a != b) & ~np.isnan(a) & ~np.isnan(b),
-    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
-    "num": lambda a, b: ~np.isnan(a) & ~np.isnan(b), "nan": lambda a, b: np.isnan(a) | np.isnan(b),
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: (a != b) & ~np.isnan(a) & ~np.isnan(b),
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "num": lambda a, b: ~np.isnan(a) & ~np.isnan(b),
+    "nan": lambda a, b: np.isnan(a) | np.isnan(b),
 }
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     _SETP[_op + "u"] = (lambda ordered: lambda a, b: ordered(a, b) | np.isnan(a) | np.isnan(b))(_SETP[_op])
@@ -119,8 +124,9 @@ def _round_f32_unchecked(s: np.ndarray, e: np.ndarray, rounding: str) -> np.ndar
     down = np.nextafter(r, np.float32(-np.inf))
     lo = np.where(side < 0, down, r)
     hi = np.where(side > 0, up, r)
-    lo64, hi64 = (np.where(np.isinf(v), np.copysign(2.0**128, v.astype(np.float64)), v.astype(np.float64))
-                  for v in (lo, hi))
+    lo64, hi64 = (
+        np.where(np.isinf(v), np.copysign(2.0**128, v.astype(np.float64)), v.astype(np.float64)) for v in (lo, hi)
+    )
     if rounding == "rn":
         tie = (s - (lo64 + hi64) / 2) + e
         hi_is_even = (hi.view(np.uint32) & 1) == 0
@@ -239,7 +245,9 @@ class _Machine:
         self.outputs = list(self.output_types)
         self.input_slots = [i for i, c in enumerate(entries) if c == "f"]
         if len(self.outputs) + len(self.input_slots) != len(entries) or self.outputs != list(range(len(self.outputs))):
-            raise PtxError(f"constraints {constraints!r}: only '=f'/'=r' outputs followed by 'f' inputs are interpreted")
+            raise PtxError(
+                f"constraints {constraints!r}: only '=f'/'=r' outputs followed by 'f' inputs are interpreted"
+            )
         if len(inputs) != len(self.input_slots):
             raise PtxError(f"constraints {constraints!r} take {len(self.input_slots)} inputs, got {len(inputs)}")
         if any(np.asarray(x).dtype != np.float32 for x in inputs):
@@ -384,8 +392,9 @@ def _count(operands: list[str], n: int | tuple, statement: str) -> None:
 
 def _float_arith(m: _Machine, mods, operands, statement, op):
     n_in = 3 if op == "fma" else 2
-    rounding, flags, kind = _modifiers(mods, statement, roundings=_ROUNDINGS, flags=("ftz", "sat"),
-                                       types=("f32", "f32x2"))
+    rounding, flags, kind = _modifiers(
+        mods, statement, roundings=_ROUNDINGS, flags=("ftz", "sat"), types=("f32", "f32x2")
+    )
     _count(operands, n_in + 1, statement)
     if rounding is None:
         raise PtxError(f"{op}.{kind} needs an explicit rounding modifier (Note [PTX interpreter]): {statement!r}")
@@ -393,8 +402,10 @@ def _float_arith(m: _Machine, mods, operands, statement, op):
         if "sat" in flags:
             raise PtxError(f".sat is not allowed with .f32x2: {statement!r}")
         packed = [m.read(t, "b64") for t in operands[1:]]
-        halves = [_float_lanes(op, rounding, flags, [(p >> np.uint64(32 * i)).astype(np.uint32) for p in packed])
-                  for i in (0, 1)]
+        halves = [
+            _float_lanes(op, rounding, flags, [(p >> np.uint64(32 * i)).astype(np.uint32) for p in packed])
+            for i in (0, 1)
+        ]
         m.write(operands[0], "b64", halves[0].astype(np.uint64) | (halves[1].astype(np.uint64) << np.uint64(32)))
         return
     m.write(operands[0], "f32", _float_lanes(op, rounding, flags, [m.read(t, "f32") for t in operands[1:]]))
@@ -557,10 +568,19 @@ _HANDLERS = {
     "mad": lambda m, mods, ops, st: _int_arith(m, mods, ops, st, "mad"),
     "max": lambda m, mods, ops, st: _max_min_handler(m, mods, ops, st, "max"),
     "min": lambda m, mods, ops, st: _max_min_handler(m, mods, ops, st, "min"),
-    **{op: (lambda op: lambda m, mods, ops, st: _logic(m, mods, ops, st, op))(op) for op in ("and", "or", "xor", "not", "lop3")},
+    **{
+        op: (lambda op: lambda m, mods, ops, st: _logic(m, mods, ops, st, op))(op)
+        for op in ("and", "or", "xor", "not", "lop3")
+    },
     "shl": lambda m, mods, ops, st: _shift_handler(m, mods, ops, st, "shl"),
     "shr": lambda m, mods, ops, st: _shift_handler(m, mods, ops, st, "shr"),
-    "neg": _neg, "ex2": _ex2, "setp": _setp, "selp": _selp, "mov": _mov, "shf": _shf, "prmt": _prmt_handler,
+    "neg": _neg,
+    "ex2": _ex2,
+    "setp": _setp,
+    "selp": _selp,
+    "mov": _mov,
+    "shf": _shf,
+    "prmt": _prmt_handler,
     "cvt": _cvt,
 }
 
@@ -601,5 +621,6 @@ def run(ptx: str, constraints: str, *inputs, ex2: Ex2Model = Ex2Model()) -> tupl
     missing = [k for k in machine.outputs if k not in machine.written]
     if missing:
         raise PtxError(f"outputs {['$%d' % k for k in missing]} are never written")
-    return tuple(machine.written[k].view(np.float32 if machine.output_types[k] == "f32" else np.uint32)
-                 for k in machine.outputs)
+    return tuple(
+        machine.written[k].view(np.float32 if machine.output_types[k] == "f32" else np.uint32) for k in machine.outputs
+    )

@@ -19,8 +19,8 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from cutlass import Float32
-from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 # Note [H15 in fp32 bits]
 # In [2^22, 2^23) the fp32 ulp is 0.5, so `r = x + 1.5 * 2^22` (round to nearest even) rounds x to the
@@ -317,8 +317,14 @@ class RowmaxSoftmaxMixin:
     def stock_fields(softmax) -> tuple:
         """The positional fields of FA4's `Softmax` / `SoftmaxSm100` (scale, row statistics, arch), in order;
         `from_stock` passes them on so the subclass takes over the stage the kernel created."""
-        return (softmax.scale_log2, softmax.num_rows, softmax.row_max, softmax.row_sum, softmax.arch,
-                softmax.softmax_scale)
+        return (
+            softmax.scale_log2,
+            softmax.num_rows,
+            softmax.row_max,
+            softmax.row_sum,
+            softmax.arch,
+            softmax.softmax_scale,
+        )
 
     def off_mufu(self, index: int, count: int) -> bool:
         beta = self.beta if self.beta is not None else (0.0 if self.mode == "exact" else 1.0)

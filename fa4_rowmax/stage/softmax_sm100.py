@@ -33,11 +33,10 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
+import flash_attn.cute.utils as utils
 from cutlass import Float32, const_expr
 from cutlass._mlir.dialects import nvvm
 from cutlass.cutlass_dsl import dsl_user_op
-
-import flash_attn.cute.utils as utils
 from flash_attn.cute.softmax import SoftmaxSm100
 
 from fa4_rowmax.stage.softmax_base import (
@@ -183,9 +182,7 @@ class RowmaxSoftmaxSm100(RowmaxSoftmaxMixin, SoftmaxSm100):
             assert cute.size(acc_S_row) % frg_tile == 0
             n_pairs = cute.size(acc_S_row) // 2
             acc_S_row_frg = cute.logical_divide(acc_S_row, cute.make_layout(frg_tile))
-            acc_S_row_converted_frg = cute.logical_divide(
-                acc_S_row_converted, cute.make_layout(frg_tile)
-            )
+            acc_S_row_converted_frg = cute.logical_divide(acc_S_row_converted, cute.make_layout(frg_tile))
             for j in cutlass.range_constexpr(frg_cnt):
                 for k in cutlass.range_constexpr(0, frg_tile, 2):
                     acc_S_row_frg[k, j], acc_S_row_frg[k + 1, j] = self.weight_pair(

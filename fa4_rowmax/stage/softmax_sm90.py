@@ -36,11 +36,10 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
-
-from quack import layout_utils
 import flash_attn.cute.utils as utils
+from cutlass import Float32, const_expr
 from flash_attn.cute.softmax import Softmax
+from quack import layout_utils
 
 from fa4_rowmax.stage.softmax_base import (
     H15_ROUND,
@@ -152,9 +151,7 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         scale_log2 = self.scale_log2
         n_cols = cute.size(acc_S_mn, mode=[1])
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
-            row_max_cur = self.row_max_of(
-                acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None
-            )
+            row_max_cur = self.row_max_of(acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None)
             row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
             if const_expr(is_first):
                 row_scale[r] = 1.0

@@ -34,14 +34,14 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
-from cutlass.cutlass_dsl import T, dsl_user_op
-from cutlass._mlir.dialects import llvm
-
-from quack import layout_utils
 import flash_attn.cute.utils as utils
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.softmax import Softmax
+from quack import layout_utils
 
+from fa4_rowmax.config import FP8_MAX_OFFSET
 from fa4_rowmax.stage.softmax_base import (
     H15_ROUND,
     InlineAsm,
@@ -50,7 +50,6 @@ from fa4_rowmax.stage.softmax_base import (
     h15_anchor_addend,
     ptx_fragment,
 )
-from fa4_rowmax.config import FP8_MAX_OFFSET
 
 E4M3_MAX = 448.0
 
@@ -278,8 +277,18 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     tile_v_descale: cute.Tensor = None
 
     @staticmethod
-    def from_stock(softmax: Softmax, *, mode: str, rescale_threshold: float, exp2_deleted: bool, has_descale: bool,
-                   anchor_rounding: str, row_sum_by_mma: bool, rescale_vote: bool, clamp: str):
+    def from_stock(
+        softmax: Softmax,
+        *,
+        mode: str,
+        rescale_threshold: float,
+        exp2_deleted: bool,
+        has_descale: bool,
+        anchor_rounding: str,
+        row_sum_by_mma: bool,
+        rescale_vote: bool,
+        clamp: str,
+    ):
         """Take over the row statistics of the `Softmax` the kernel created."""
         tile_scale_log2 = cute.make_rmem_tensor(1, Float32)
         tile_v_descale = cute.make_rmem_tensor(1, Float32)
@@ -347,9 +356,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         scale_log2 = self.current_scale_log2()
         n_cols = cute.size(acc_S_mn, mode=[1])
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
-            row_max_cur = self.row_max_of(
-                acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None
-            )
+            row_max_cur = self.row_max_of(acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None)
             row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
             if const_expr(is_first):
                 row_scale[r] = 1.0
@@ -474,7 +481,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         sum_log2_scale = (
             H15_FP8_SUM_LOG2_SCALE if const_expr(self.mode == "rowmax_h15" and not self.row_sum_by_mma) else 0
         )
-        out_scale = final_scale * Float32(2.0 ** sum_log2_scale)
+        out_scale = final_scale * Float32(2.0**sum_log2_scale)
         if const_expr(self.has_descale):
             out_scale = out_scale * self.tile_v_descale[0]
         for r in cutlass.range(cute.size(row_sum), unroll_full=True):

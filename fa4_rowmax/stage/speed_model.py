@@ -69,7 +69,9 @@ def read_sass(text: str) -> list[str]:
     addressed = [(int(a, 16), ins) for a, ins in _ADDRESSED.findall(text)]
     if addressed:
         start = addressed[0][0]
-        if [a for a, _ in addressed] != list(range(start, start + INSTRUCTION_BYTES * len(addressed), INSTRUCTION_BYTES)):
+        if [a for a, _ in addressed] != list(
+            range(start, start + INSTRUCTION_BYTES * len(addressed), INSTRUCTION_BYTES)
+        ):
             raise ValueError("SASS addresses are not contiguous 16-byte steps: more than one function in the text?")
         return [ins.strip() for _, ins in addressed]
     return [line.strip().rstrip(";") for line in text.splitlines() if line.strip()]
@@ -100,7 +102,7 @@ def main_loop(instructions: list[str]) -> tuple[int, int]:
         target = _branch_target(ins)
         if target is None or target >= i:
             continue
-        body = instructions[target:i + 1]
+        body = instructions[target : i + 1]
         if sum(bool(_MMA_SHAPE.match(mnemonic(b))) for b in body) >= 2 and not any(mnemonic(b) == "EXIT" for b in body):
             loops.append((target, i))
     if not loops:
@@ -111,8 +113,33 @@ def main_loop(instructions: list[str]) -> tuple[int, int]:
 # --- pipes -----------------------------------------------------------------------------------------------------------
 
 FMA_OPS = ("FFMA", "FADD", "FMUL", "FFMA2", "FADD2", "FMUL2", "IMAD", "IMUL", "HFMA2", "HADD2", "HMUL2", "FSWZADD")
-ALU_OPS = ("FMNMX", "FMNMX3", "FSEL", "FSETP", "FSET", "LEA", "LOP3", "IADD3", "VIADD", "VIMNMX", "IMNMX", "SHF",
-           "SEL", "ISETP", "PRMT", "MOV", "F2FP", "R2P", "P2R", "PLOP3", "IABS", "FRND", "F2I", "I2F", "HMNMX2")
+ALU_OPS = (
+    "FMNMX",
+    "FMNMX3",
+    "FSEL",
+    "FSETP",
+    "FSET",
+    "LEA",
+    "LOP3",
+    "IADD3",
+    "VIADD",
+    "VIMNMX",
+    "IMNMX",
+    "SHF",
+    "SEL",
+    "ISETP",
+    "PRMT",
+    "MOV",
+    "F2FP",
+    "R2P",
+    "P2R",
+    "PLOP3",
+    "IABS",
+    "FRND",
+    "F2I",
+    "I2F",
+    "HMNMX2",
+)
 PIPE_CYCLES = {"fma": 1, "alu": 2, "mufu": 8}  # warp instruction occupancy per SMSP (32 / lanes per SMSP)
 
 
@@ -145,8 +172,9 @@ class TileCounts:
     conditional: int  # static instructions behind in-loop forward branches
 
     def warp_cycles(self) -> float:
-        return max(self.issue, self.fma * PIPE_CYCLES["fma"], self.alu * PIPE_CYCLES["alu"],
-                   self.mufu * PIPE_CYCLES["mufu"])
+        return max(
+            self.issue, self.fma * PIPE_CYCLES["fma"], self.alu * PIPE_CYCLES["alu"], self.mufu * PIPE_CYCLES["mufu"]
+        )
 
 
 def tile_counts(instructions: list[str], skip: float = 0.0) -> TileCounts:
@@ -181,6 +209,7 @@ def tile_counts(instructions: list[str], skip: float = 0.0) -> TileCounts:
 
 # --- rates -----------------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Rates:
     """Tensor rate in FLOP per clock per SM: a measured (or datasheet) dense GEMM rate / (SMs * clock)."""
@@ -199,16 +228,23 @@ class Rates:
 RATES = {
     # Measured on the H200 of this project: torch bf16 GEMM 8192^3, ~790 TF (shared/notes/rowmax_h15.md, 2026-11-29;
     # 700 TF on the slow day of 2026-12-01, shared/notes/fp8_sm90.md). 132 SMs, 1980 MHz max clock (bench headers).
-    "h200-bf16": Rates("h200-bf16", 790.0, 132, 1980.0,
-                       "measured torch bf16 GEMM 8192^3 ~790 TF (shared/notes/rowmax_h15.md)"),
+    "h200-bf16": Rates(
+        "h200-bf16", 790.0, 132, 1980.0, "measured torch bf16 GEMM 8192^3 ~790 TF (shared/notes/rowmax_h15.md)"
+    ),
     # FP8 e4m3 torch._scaled_mm 8192^3: 1456 TF in the same run as the FP8 shared benchmark
     # (bench/results/h200_2026-12-01/bench_fp8/h200_fp8_focus.json, gemm_fp8 at 8K causal).
-    "h200-fp8": Rates("h200-fp8", 1456.0, 132, 1980.0,
-                      "measured gemm_fp8 1456 TF (bench/results/h200_2026-12-01/bench_fp8/h200_fp8_focus.json)"),
+    "h200-fp8": Rates(
+        "h200-fp8",
+        1456.0,
+        132,
+        1980.0,
+        "measured gemm_fp8 1456 TF (bench/results/h200_2026-12-01/bench_fp8/h200_fp8_focus.json)",
+    ),
 }
 
 
 # --- the model -------------------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Prediction:
@@ -217,8 +253,11 @@ class Prediction:
     terms: dict
 
     def as_dict(self) -> dict:
-        return {"cycles_per_tile_pair": round(self.cycles, 1), "bound": self.bound,
-                "terms": {k: round(v, 1) for k, v in self.terms.items()}}
+        return {
+            "cycles_per_tile_pair": round(self.cycles, 1),
+            "bound": self.bound,
+            "terms": {k: round(v, 1) for k, v in self.terms.items()},
+        }
 
 
 def predict(counts: TileCounts, rates: Rates) -> Prediction:
@@ -246,8 +285,13 @@ def ratio_to_stock(stock: Prediction, variant: Prediction) -> float:
 # Skip fractions of the warp-vote branch (tiles on which no row of the warp moved its anchor): N(0, 1) inputs,
 # 64 KV tiles of 128 keys (8K), 16 rows per warp; Note [Vote skip fractions] in docs/speed_model.md. Only the vote
 # variants have an in-loop forward branch; for the others `skip` changes nothing.
-VOTE_SKIP = {"fa4_exact_vote": 0.5, "fa4_h15_vote": 0.5, "fa4_h15_fold_vote": 0.7, "fa4_h15_fold_vote_t8": 0.95,
-             "fa4_exact_vote_t8": 0.95}
+VOTE_SKIP = {
+    "fa4_exact_vote": 0.5,
+    "fa4_h15_vote": 0.5,
+    "fa4_h15_fold_vote": 0.7,
+    "fa4_h15_fold_vote_t8": 0.95,
+    "fa4_exact_vote_t8": 0.95,
+}
 
 
 def validate(directory: Path) -> dict:
@@ -265,18 +309,25 @@ def validate(directory: Path) -> dict:
             counts = tile_counts(read_sass_file(sass_dir / f"{name}.sass.gz"), skip=VOTE_SKIP.get(name, 0.0))
             pred = predict(counts, rates)
             ratio = ratio_to_stock(stock, pred)
-            out["points"].append({
-                **point, "rates": rates.name, "stock": stock_name, "predicted": round(ratio, 4),
-                "error_points": round(100 * (ratio - point["measured"]), 1),
-                "null_error_points": round(100 * (1.0 - point["measured"]), 1),
-                "model": pred.as_dict(), "stock_model": stock.as_dict(),
-                "loop": dataclasses.asdict(counts),
-            })
+            out["points"].append(
+                {
+                    **point,
+                    "rates": rates.name,
+                    "stock": stock_name,
+                    "predicted": round(ratio, 4),
+                    "error_points": round(100 * (ratio - point["measured"]), 1),
+                    "null_error_points": round(100 * (1.0 - point["measured"]), 1),
+                    "model": pred.as_dict(),
+                    "stock_model": stock.as_dict(),
+                    "loop": dataclasses.asdict(counts),
+                }
+            )
     within = [p for p in out["points"] if abs(p["error_points"]) <= 3.0]
     null_within = [p for p in out["points"] if abs(p["null_error_points"]) <= 3.0]
     moved = [p for p in out["points"] if abs(p["null_error_points"]) > 3.0]
     out["summary"] = {
-        "points": len(out["points"]), "within_3_points": len(within),
+        "points": len(out["points"]),
+        "within_3_points": len(within),
         "variants_within_3_points": sorted({p["variant"] for p in within}),
         "null_model_within_3_points": len(null_within),
         "points_that_moved_more_than_3": len(moved),
@@ -284,8 +335,9 @@ def validate(directory: Path) -> dict:
         "max_abs_error_points": max(abs(p["error_points"]) for p in out["points"]),
     }
     # Pass only if the model does what the ratio-1 null model cannot: get the points that moved.
-    out["summary"]["passes"] = (len({p["variant"] for p in within}) >= 6
-                                and out["summary"]["moved_points_within_3"] >= max(1, len(moved) // 2))
+    out["summary"]["passes"] = len({p["variant"] for p in within}) >= 6 and out["summary"][
+        "moved_points_within_3"
+    ] >= max(1, len(moved) // 2)
     return out
 
 
@@ -301,9 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         result = validate(args.validate)
         for p in result["points"]:
-            print(f"{p['variant']:<26} {p['mask']:<10} {p['run']:<12} measured {p['measured']:.3f} "
-                  f"model {p['predicted']:.3f} error {p['error_points']:+5.1f} (null {p['null_error_points']:+5.1f}) "
-                  f"bound {p['model']['bound']}")
+            print(
+                f"{p['variant']:<26} {p['mask']:<10} {p['run']:<12} measured {p['measured']:.3f} "
+                f"model {p['predicted']:.3f} error {p['error_points']:+5.1f} (null {p['null_error_points']:+5.1f}) "
+                f"bound {p['model']['bound']}"
+            )
         print(json.dumps(result["summary"]))
     else:
         rates = RATES[args.rates]

@@ -22,11 +22,25 @@ BLOCK_KEYS = 64
 
 @triton.jit
 def _v_transpose_kernel(
-    v_ptr, vt_ptr, qd_ptr, kd_ptr, vd_ptr, descale_ptr,
-    seqlen_k, heads_kv, keys_padded,
-    stride_vb, stride_vs, stride_vh,
-    HEAD_DIM: tl.constexpr, ROWS_OUT: tl.constexpr, BLOCK_KEYS: tl.constexpr, HAS_DESCALE: tl.constexpr,
-    HAS_Q: tl.constexpr, HAS_K: tl.constexpr, HAS_V: tl.constexpr,
+    v_ptr,
+    vt_ptr,
+    qd_ptr,
+    kd_ptr,
+    vd_ptr,
+    descale_ptr,
+    seqlen_k,
+    heads_kv,
+    keys_padded,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    HEAD_DIM: tl.constexpr,
+    ROWS_OUT: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr,
+    HAS_DESCALE: tl.constexpr,
+    HAS_Q: tl.constexpr,
+    HAS_K: tl.constexpr,
+    HAS_V: tl.constexpr,
 ):
     pid_key = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -83,15 +97,25 @@ def v_transpose(v: torch.Tensor, q_descale=None, k_descale=None, v_descale=None,
     placeholder = descale if has_descale else vt_bytes
     grid = (triton.cdiv(keys_padded, BLOCK_KEYS), batch * heads_kv)
     _v_transpose_kernel[grid](
-        v_bytes, vt_bytes,
+        v_bytes,
+        vt_bytes,
         q_descale if q_descale is not None else placeholder,
         k_descale if k_descale is not None else placeholder,
         v_descale if v_descale is not None else placeholder,
         placeholder,
-        seqlen_k, heads_kv, keys_padded,
-        v_bytes.stride(0), v_bytes.stride(1), v_bytes.stride(2),
-        HEAD_DIM=head_dim, ROWS_OUT=rows_out, BLOCK_KEYS=BLOCK_KEYS, HAS_DESCALE=has_descale,
-        HAS_Q=q_descale is not None, HAS_K=k_descale is not None, HAS_V=v_descale is not None,
+        seqlen_k,
+        heads_kv,
+        keys_padded,
+        v_bytes.stride(0),
+        v_bytes.stride(1),
+        v_bytes.stride(2),
+        HEAD_DIM=head_dim,
+        ROWS_OUT=rows_out,
+        BLOCK_KEYS=BLOCK_KEYS,
+        HAS_DESCALE=has_descale,
+        HAS_Q=q_descale is not None,
+        HAS_K=k_descale is not None,
+        HAS_V=v_descale is not None,
     )
     return vt.permute(0, 3, 1, 2), descale
 
