@@ -20,6 +20,7 @@ from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.gates.gates import H15_ENVELOPE, format_report, multi_tile_gate, run_gates, single_tile_gate
 from fa4_rowmax.gates.readback import read_probabilities
 from fa4_rowmax.reference.attention import attention_reference
+from tests.test_gates import OneOctaveOffBackend
 
 E4M3 = torch.float8_e4m3fn
 E4M3_TINY_LOG2 = -6  # e4m3's smallest normal
@@ -57,20 +58,8 @@ def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None):
     return out, lse.to(torch.float32)
 
 
-class OneOctaveOffModel:
-    """The model with one weight doubled: the median nonzero weight of one row (the row sum barely moves)."""
-
-    def __init__(self, batch, head, row):
-        self.batch, self.head, self.row = batch, head, row
-        self.col = None
-
-    def _double_one(self, p):
-        row = p[self.batch, self.head, self.row]
-        keys = row.nonzero().squeeze(-1)
-        self.col = int(keys[row[keys].argsort()[len(keys) // 2]])
-        p = p.clone()
-        p[self.batch, self.head, self.row, self.col] *= 2
-        return p
+class OneOctaveOffModel(OneOctaveOffBackend):
+    """The FP8 kernel model with one weight doubled (test_gates.OneOctaveOffBackend's edit on this model)."""
 
     def __call__(self, q, k, v, causal):
         return _kernel_model(q, k, v, causal, edit_p=self._double_one)
