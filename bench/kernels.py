@@ -150,6 +150,11 @@ FP8_LEVERS = {
         "tile_n": 192,
         "row_sum": "mma",
     },
+    # The FADD-sum levers for rows past fp8_sm90.MMA_ROW_SUM_MAX_KEYS (the MMA row sum is refused there): the
+    # fold, and the exact-anchor H15 clamped by saturation (Note [Clamp by saturation]; same values as
+    # fa4_fp8_h15_n192, one op less per element).
+    "fa4_fp8_h15_fold_n192": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "tile_n": 192},
+    "fa4_fp8_h15_sat_n192": {"softmax_mode": "rowmax_h15", "clamp": "sat", "tile_n": 192},
 }
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
