@@ -33,6 +33,8 @@ GPU fed the same bf16-rounded q, k, v; both delta-NLLs are reported against the 
 paired interval of their difference. They agree when the kernel's delta-NLL lies inside the simulator's
 95% interval.
 
+`--resume` continues a run cut by `--time-budget-s` in a later session (Note [Resuming a cut run]).
+
 `--pairs RUN:AGAINST` adds RUN minus AGAINST per block (delta-NLL, KL, top-1) with paired intervals.
 `--baps-restart-study` scores nothing: it counts BAPS restarts under every reading of the paper's rule
 (per block or per row, B0 = first tile or first + last tile, ceil or round) on exact attention, for
@@ -499,27 +501,57 @@ def plan_runs(modes: list[str], compare_kernels: bool, kernels_only: bool = Fals
     return runs
 
 
+def _resumed_state(runs: list[Run], previous: dict | None) -> tuple[dict, dict, int, float]:
+    """Per-run records, kernel-vs-simulator agreements, blocks done and baseline seconds: empty, or read
+    back from a previous report of the same runs (Note [Resuming a cut run])."""
+    names = {r.name for r in runs}
+    per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
+    kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel" and f"sim_bf16in_{r.mode}" in names}
+    if previous is None:
+        return per_run, kernel_vs_sim_agree, 0, 0.0
+    for name, record in per_run.items():
+        summary = previous["runs"][name]
+        record.update(
+            delta=list(summary["per_block_delta_nll"]),
+            agree=list(summary["per_block_top1_agreement"]),
+            kl=list(summary["per_block_kl_nats"]),
+            totals=dict(summary["counters"]),
+            maxima=dict(summary["counter_maxima"]),
+            seconds=summary["seconds"],
+        )
+    for mode, agree in kernel_vs_sim_agree.items():
+        agree.extend(previous["kernel_vs_simulator"][mode]["per_block_kernel_vs_sim_top1_agreement"])
+    meta = previous["meta"]
+    return per_run, kernel_vs_sim_agree, meta["num_blocks"], meta["baseline_seconds_per_block"] * meta["num_blocks"]
+
+
 def run_study(
-    workload: Workload, blocks: torch.Tensor, runs: list[Run], time_budget_s: float | None = None, log=print
+    workload: Workload,
+    blocks: torch.Tensor,
+    runs: list[Run],
+    time_budget_s: float | None = None,
+    log=print,
+    previous: dict | None = None,
 ) -> dict:
     """Score the baseline and every run on every block; per-block deltas, agreement and counters per run.
 
     With `time_budget_s`, no new block is started once the time spent plus one more block would exceed it;
     every run still covers the same blocks (the pairing holds) and the report says how many were done.
+    `previous` (a report of the same runs and blocks, checked by `check_resumable`) supplies the blocks it
+    holds; this call scores the rest, and the budget counts this call's time only.
     """
     started = time.perf_counter()
     model = workload.model
     for backend in sorted({r.backend for r in runs}):
         hf.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend, table=MODES)
     state = hf.attach(model)
-    per_run = {r.name: {"delta": [], "agree": [], "kl": [], "totals": {}, "maxima": {}, "seconds": 0.0} for r in runs}
-    names = {r.name for r in runs}
-    kernel_vs_sim_agree = {r.mode: [] for r in runs if r.backend == "kernel" and f"sim_bf16in_{r.mode}" in names}
-    blocks_done = 0
-    baseline_seconds = 0.0
-    for b, block in enumerate(blocks):
+    per_run, kernel_vs_sim_agree, first_block, baseline_seconds = _resumed_state(runs, previous)
+    blocks_done = first_block
+    for b in range(first_block, len(blocks)):
+        block = blocks[b]
         elapsed = time.perf_counter() - started
-        if time_budget_s is not None and b > 0 and elapsed * (b + 1) / b > time_budget_s:
+        done_here = b - first_block
+        if time_budget_s is not None and done_here > 0 and elapsed * (done_here + 1) / done_here > time_budget_s:
             log(f"time budget {time_budget_s:.0f} s: stopping after {b} of {len(blocks)} blocks")
             break
         t0 = time.perf_counter()
@@ -581,6 +613,7 @@ def run_study(
             "kernel_minus_sim_ci95": list(bootstrap_interval(diff)),
             "kernel_in_sim_ci95": bool(low <= kernel["delta_nll"] <= high),
             "kernel_vs_sim_top1_agreement_pct": 100.0 * float(np.mean(agree)),
+            "per_block_kernel_vs_sim_top1_agreement": [float(x) for x in agree],
             "kernel_recoveries": kernel["counters"].get("recoveries"),
             "sim_recoveries": sim["counters"].get("recoveries") if "recoveries" in kernel["counters"] else None,
         }
@@ -638,6 +671,18 @@ def markdown_report(report: dict) -> str:
             else ""
         ),
         f"- command: `{meta.get('command')}`" + (f" at git {meta['git_commit']}" if meta.get("git_commit") else ""),
+        *(
+            [
+                "- sessions (`--resume`): "
+                + "; ".join(
+                    f"blocks {a + 1}-{b} on {x['device']} at git {x['git_commit']} ({x['wall_seconds']:.0f} s)"
+                    for x in meta["sessions"]
+                    for a, b in [x["blocks"]]
+                )
+            ]
+            if len(meta.get("sessions", [])) > 1
+            else []
+        ),
         f"- hybrid: {meta['hybrid_schedule']}",
         "",
         "| run | backend | delta-NLL (nats) [95% CI] | PPL change % [95% CI] | top-1 agreement % [95% CI] | "
@@ -754,6 +799,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="count BAPS restarts under each reading of the rule (exact attention, no scoring)",
     )
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose quality_<tag>.json is in --out (same model, text, blocks and runs): "
+        "score only the blocks it has not",
+    )
+    parser.add_argument(
         "--time-budget-s",
         type=float,
         help="scoring time limit: start no block that would end past it (all runs keep the same blocks)",
@@ -836,6 +887,43 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+# Note [Resuming a cut run]
+# One device session cannot score every mode on every block of a large model (issue 12: 30 minutes of H200
+# a session), so `--resume` continues the run whose `quality_<tag>.json` is already in `--out`. Blocks are
+# scored in one seeded order, so a cut run holds the first K blocks of that order: the resumed call scores
+# blocks K+1.. with the same runs and appends them, and the pairing (every run on the same blocks as the
+# baseline) holds across sessions. It refuses a previous report whose model, text, block size, requested
+# blocks, block order or runs differ (a silent mix would pair different things). Counters are sums and
+# maxima, so they merge exactly; the intervals are recomputed over all blocks. Each call adds an entry to
+# `meta.sessions` (its blocks, device, git commit, wall time), so a table made in several sessions says so.
+RESUME_KEYS = (
+    "model",
+    "model_sha256",
+    "text_sha256",
+    "num_tokens",
+    "block_size",
+    "num_blocks_requested",
+    "block_order_seed",
+)
+
+
+def check_resumable(previous: dict, expected: dict, run_names: list[str], block_indices: list[int]) -> None:
+    """Raise ValueError naming every setting in which `previous` (a report) differs from this call."""
+    meta = previous.get("meta", {})
+    differ = [
+        f"{key}: previous {meta.get(key)!r}, now {expected.get(key)!r}"
+        for key in RESUME_KEYS
+        if meta.get(key) != expected.get(key)
+    ]
+    if sorted(previous.get("runs", {})) != sorted(run_names):
+        differ.append(f"runs: previous {sorted(previous.get('runs', {}))}, now {sorted(run_names)}")
+    done = meta.get("num_blocks", 0)
+    if meta.get("block_indices") != block_indices[:done]:
+        differ.append("block_indices: the previous blocks are not the first blocks of this call's order")
+    if differ:
+        raise ValueError("--resume: the previous report is a different run; " + "; ".join(differ))
+
+
 def _write_results(out: Path, tag: str, data: dict, markdown: str) -> None:
     """`quality_<tag>.json` and `.md` under `out`; the Markdown is also printed."""
     out.mkdir(parents=True, exist_ok=True)
@@ -874,13 +962,42 @@ def main(argv=None) -> dict | None:
         _write_results(args.out, args.tag, study, baps_restart_markdown(study))
         return study
     runs = plan_runs(args.modes, args.compare_kernels, args.kernels_only)
+    previous = None
+    if args.resume:
+        previous_path = args.out / f"quality_{args.tag}.json"
+        if not previous_path.is_file():
+            raise FileNotFoundError(f"--resume: no previous report at {previous_path} (--out / --tag)")
+        previous = json.loads(previous_path.read_text())
+        expected = dict(
+            workload.provenance,
+            block_size=args.block_size,
+            num_blocks_requested=len(blocks),
+            block_order_seed=BLOCK_ORDER_SEED,
+        )
+        check_resumable(previous, expected, [r.name for r in runs], indices)
+        print(f"--resume: {previous['meta']['num_blocks']} blocks from {previous_path}")
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
-    report = run_study(workload, blocks, runs, args.time_budget_s)
+    report = run_study(workload, blocks, runs, args.time_budget_s, previous=previous)
     blocks_done = report.pop("blocks_done")
     baseline_seconds = report.pop("baseline_seconds")
     report["paired"] = {pair: paired_difference(report["runs"], *pair.split(":")) for pair in args.pairs}
     import transformers
 
+    device_name = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"cpu ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
+    )
+    first_block = previous["meta"]["num_blocks"] if previous else 0
+    sessions = list(previous["meta"].get("sessions", [])) if previous else []
+    sessions.append(
+        dict(
+            blocks=[first_block, blocks_done],
+            device=device_name,
+            git_commit=git_commit,
+            wall_seconds=time.perf_counter() - started,
+        )
+    )
     report["meta"] = dict(
         workload.provenance,
         tag=args.tag,
@@ -896,9 +1013,7 @@ def main(argv=None) -> dict | None:
             f"per layer: MXFP6 in the first and last {fused_hf.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
             "(Note [Hybrid MX schedule for an LLM] in aiter_fused/hf.py)"
         ),
-        device=torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else f"cpu ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)",
+        device=device_name,
         torch=torch.__version__,
         transformers=transformers.__version__,
         gguf=_package_version("gguf"),
@@ -909,7 +1024,8 @@ def main(argv=None) -> dict | None:
         note=args.note,
         git_commit=git_commit,
         command="python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        wall_seconds=time.perf_counter() - started,
+        wall_seconds=sum(session["wall_seconds"] for session in sessions),
+        sessions=sessions,
     )
     report = {"meta": report.pop("meta"), **report}
     _write_results(args.out, args.tag, report, markdown_report(report))

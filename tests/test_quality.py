@@ -294,3 +294,61 @@ def test_quick_h15_sits_between_exact_and_pot(quick_report):
     # H15 with threshold 8 skips most max moves; at threshold 0 it never skips one.
     assert runs["rowmax_h15_t8"]["counter_rates"]["rescales_skipped_share"] > 0.5
     assert h15["counter_rates"]["rescales_skipped_share"] == 0.0
+
+
+# What a real workload's provenance holds (bench/models.py, quality_text.py), for the reports of a tiny model.
+PROVENANCE = {"model": "tiny", "model_sha256": "0" * 64, "text_source": "random", "text_files": [], "text_sha256": "x"}
+
+
+def _tiny_cache(tmp_path):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    tokens = torch.randint(0, 97, (2000,))
+    cache = tmp_path / "cache"
+    quality.export_cache(
+        quality.Workload(model, tokens, dict(PROVENANCE, num_tokens=len(tokens))),
+        cache,
+        torch.float32,
+    )
+    return cache
+
+
+def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
+    """Note [Resuming a cut run]: a run cut after one block and resumed equals the run made in one go, block
+    for block; a resume of a different run is refused."""
+    cache = _tiny_cache(tmp_path)
+
+    def args(block_size=64, modes=("exact_ref", "rowmax_h15_t0")):
+        return ["--from-cache", str(cache), "--blocks", "4", "--block-size", str(block_size), "--modes", *modes]
+
+    common = args()
+    whole = quality.main([*common, "--out", str(tmp_path / "whole"), "--tag", "t"])
+    cut_dir = str(tmp_path / "cut")
+    # A budget no block fits: the run stops after its first block.
+    cut = quality.main([*common, "--out", cut_dir, "--tag", "t", "--time-budget-s", "1e-9"])
+    assert cut["meta"]["num_blocks"] == 1
+    resumed = quality.main([*common, "--out", cut_dir, "--tag", "t", "--resume"])
+    assert resumed["meta"]["num_blocks"] == 4
+    assert [s["blocks"] for s in resumed["meta"]["sessions"]] == [[0, 1], [1, 4]]
+    for name, run in whole["runs"].items():
+        for key in ("per_block_delta_nll", "per_block_kl_nats", "per_block_top1_agreement", "delta_nll_ci95"):
+            assert resumed["runs"][name][key] == run[key], (name, key)
+        assert resumed["runs"][name]["counters"] == run["counters"]
+    assert "sessions (`--resume`)" in (tmp_path / "cut" / "quality_t.md").read_text()
+    with pytest.raises(ValueError, match="block_size"):
+        quality.main([*args(block_size=32), "--out", cut_dir, "--tag", "t", "--resume"])
+    with pytest.raises(ValueError, match="runs"):
+        quality.main([*args(modes=("exact_ref",)), "--out", cut_dir, "--tag", "t", "--resume"])
+    with pytest.raises(FileNotFoundError, match="--resume"):
+        quality.main([*common, "--out", str(tmp_path / "none"), "--tag", "t", "--resume"])
