@@ -54,7 +54,10 @@ class KernelConfig:
 
     @property
     def pack_gqa(self) -> bool:
-        return self.qhead_per_kvhead > 1
+        # Note [GQA packing on FP8]: the Q heads of one KV head share its K/V tiles in one 128-row Q tile when
+        # the ratio divides tile_m (FA4 then loads the packed Q by TMA); other ratios (Qwen2.5: 7, 6) run one
+        # Q head per work tile, K/V head = Q head // ratio, as FA4 does without packing. Values are the same.
+        return self.qhead_per_kvhead > 1 and self.tile_m % self.qhead_per_kvhead == 0
 
 
 def _check_tensor(name: str, t, ndim: int) -> None:
@@ -241,12 +244,6 @@ def flash_attn_fp8_sm90(
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} on the SM90 FP8 path, got {head_dim}")
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"heads of q ({heads_q}) must be a multiple of heads of k and v ({heads_kv})")
-    if KernelConfig.tile_m % (heads_q // heads_kv) != 0:
-        raise ValueError(
-            f"heads_q // heads_kv ({heads_q // heads_kv}) must divide {KernelConfig.tile_m} on the SM90 "
-            f"FP8 path (GQA is packed into the {KernelConfig.tile_m}-row Q tile, loaded by TMA); "
-            f"accepted ratios: 1, 2, 4, 8, 16, 32, 64, 128"
-        )
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     descales = [
