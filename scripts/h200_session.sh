@@ -1,33 +1,54 @@
 #!/usr/bin/env bash
 # One H200 session's checks, one step per device call (docs/measurements.md lists what each produced):
-#   bash scripts/h200_session.sh bench OUT   # the shared benchmark's FP8 groups at 8K/16K, head dim 128 first
-#   bash scripts/h200_session.sh tests OUT   # the FP8 and FA4/hf GPU tests, the gates job, aiter's scaled-dot tests
-#   bash scripts/h200_session.sh aiter OUT   # aiter_fused kernel tests and numerics --quick on the GPU
-# Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first.
+#   bash scripts/h200_session.sh bench OUT        # the shared benchmark's FP8 groups at 8K/16K, head dim 128 first
+#   bash scripts/h200_session.sh benchlong OUT    # the same kernels at 2K/4K/32K (cut at 4 minutes; --resume continues)
+#   bash scripts/h200_session.sh fp8tests OUT     # every FP8 GPU test (SM90 FP8 forward, varlen, gates, hf)
+#   bash scripts/h200_session.sh tests OUT        # the FA4 BF16 and hf GPU tests, the gates job
+#   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick, the H200 launch tuning
+#   bash scripts/h200_session.sh qualityfp8 OUT   # SmolLM2-135M: the FP8 modes through the kernel and the simulator
+#   bash scripts/h200_session.sh qwen05 OUT       # Qwen2.5-0.5B on Austen, 97 blocks, every kernel mode (issue 12)
+# Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
+# quality steps read the bundle's data at /tmp/devdata (python-doc/, austen/, qwen2.5-0.5b/model.gguf).
 set -uo pipefail
 STEP=$1; OUT=$2
 mkdir -p "$OUT"
 python3 -m fa4_rowmax.patching apply >/dev/null
+# The FP8 rows both benchmark steps time: peers and ceiling, the exact twin (MUFU, beta shares), H15 with the
+# FADD row sum (exact anchor, fold, clamp by saturation), the MMA row sum (refused past 2,048 keys), the probe.
+FP8_BENCH_KERNELS="gemm_fp8 fa3_fp8 cudnn_fp8 fa4_stock_bf16 fa3_bf16 fa4_fp8_exact_n192 fa4_fp8_exact_n192_mma \
+  fa4_fp8_h15_n192 fa4_fp8_h15_fold_n192 fa4_fp8_h15_sat_n192 fa4_fp8_h15_fold_n192_mma fa4_fp8_exact_noexp_n192"
+FP8_EXTRA_TESTS=""
 case "$STEP" in
   bench)
     python3 -m bench --fp8 --seqlens 8K 16K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_focus \
-      --kernels gemm_fp8 fa3_fp8 cudnn_fp8 fa4_stock_bf16 fa3_bf16 fa4_fp8_exact fa4_fp8_exact_n192 \
-      fa4_fp8_exact_n192_mma fa4_fp8_h15 fa4_fp8_h15_n192 fa4_fp8_h15_n192_mma fa4_fp8_h15_fold_n192_mma \
-      fa4_fp8_exact_noexp_n192 > "$OUT/bench.log" 2>&1
+      --kernels $FP8_BENCH_KERNELS > "$OUT/bench.log" 2>&1
     tail -40 "$OUT/bench.log" ;;
   tests)
-    timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_gates_fp8.py \
-      > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -4 "$OUT/pytest_gpu_fp8.log"
-    timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fa4_gpu.py tests/test_hf_attention.py tests/test_gates.py \
+    timeout 240 python3 -m pytest -q -rs -m gpu tests/test_fa4_gpu.py tests/test_hf_attention.py tests/test_gates.py \
       > "$OUT/pytest_gpu_fa4.log" 2>&1; tail -4 "$OUT/pytest_gpu_fa4.log"
     timeout 90 python3 -m fa4_rowmax --device cuda --json "$OUT/gates_cuda.json" > "$OUT/gates_cuda.log" 2>&1
-    echo "gates job exit status $?"; tail -3 "$OUT/gates_cuda.log"
-    timeout 60 python3 -m pytest -q -rs tests/test_aiter_fused_kernel.py -k scaled > "$OUT/pytest_aiter_scaled.log" 2>&1
-    tail -3 "$OUT/pytest_aiter_scaled.log" ;;
+    echo "gates job exit status $?"; tail -3 "$OUT/gates_cuda.log" ;;
   aiter)
     python3 -m pytest -q -rs tests/test_aiter_fused_kernel.py tests/test_aiter_quantize.py > "$OUT/pytest_aiter.log" 2>&1
     tail -8 "$OUT/pytest_aiter.log"
     timeout 200 python3 scripts/aiter_fused_numerics.py "$OUT/aiter_numerics" --quick > "$OUT/aiter_numerics.log" 2>&1
     tail -8 "$OUT/aiter_numerics.log" ;;
-  *) echo "h200_session.sh: step must be bench, tests or aiter; got '$STEP'" >&2; exit 2 ;;
+  benchlong)
+    python3 -m bench --fp8 --seqlens 2K 4K 32K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_long \
+      --kernels $FP8_BENCH_KERNELS > "$OUT/bench_long.log" 2>&1
+    tail -30 "$OUT/bench_long.log" ;;
+  fp8tests)
+    timeout 300 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
+      $FP8_EXTRA_TESTS > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -6 "$OUT/pytest_gpu_fp8.log" ;;
+  qualityfp8)
+    timeout 280 python3 -m bench.quality --device cuda --compare-kernels --text-dir /tmp/devdata/python-doc \
+      --blocks 16 --block-size 2048 --modes exact_bf16p exact_fp8 rowmax_h15_fp8 --time-budget-s 220 \
+      --tag kernels_fp8 --out "$OUT" > "$OUT/quality_fp8.log" 2>&1; tail -12 "$OUT/quality_fp8.log" ;;
+  qwen05)
+    timeout 560 python3 -m bench.quality --device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-0.5b \
+      --block-size 2048 --blocks 97 --kernels-only --time-budget-s 480 --tag qwen25-05b_austen_kernels_only \
+      --modes exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fused_mxfp6 fused_mxfp4 fused_hybrid \
+      exact_fp8 rowmax_h15_fp8 --out "$OUT" > "$OUT/qwen05.log" 2>&1; tail -25 "$OUT/qwen05.log" ;;
+  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8 or qwen05; got '$STEP'" >&2
+     exit 2 ;;
 esac
