@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -115,14 +116,28 @@ def resolve_stage(
 ) -> Fp8Stage:
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
-    if beta is not None:
-        raise ValueError(f"beta must be None on the SM90 FP8 path (no exp2 emulation share yet), got {beta!r}")
     threshold = 0.0 if rescale_threshold is None else float(rescale_threshold)
     if not threshold >= 0.0:
         raise ValueError(f"rescale_threshold must be None or a float >= 0 (log2 units), got {rescale_threshold!r}")
     check_range_rule(softmax_mode, threshold)
     if exp2_deleted and softmax_mode != "exact":
         raise ValueError("exp2_deleted is a cost probe of softmax_mode='exact' only")
+    # Note [beta on the FP8 exact twin] (softmax_sm90_fp8.py): the stage carries beta only for exact, in (0, 1].
+    if beta is not None:
+        if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta must be None or a number in [0, 1], got {beta!r}")
+        if softmax_mode == "rowmax_h15" and beta != 1.0:
+            raise ValueError(
+                f"beta must be None or 1.0 with softmax_mode='rowmax_h15' on the SM90 FP8 path, got {beta!r}: every "
+                "H15 weight is built by integer ops off the MUFU (Note [H15 e4m3 bytes by integer ops]), so there "
+                "is no MUFU share to choose"
+            )
+        if exp2_deleted:
+            raise ValueError(
+                f"beta must be None with exp2_deleted=True, got {beta!r}: the probe computes no exp2 to move off "
+                "the MUFU"
+            )
+        beta = float(beta) if softmax_mode == "exact" and beta > 0.0 else None
     if anchor_rounding not in ANCHOR_ROUNDINGS:
         raise ValueError(f"anchor_rounding must be one of {ANCHOR_ROUNDINGS}, got {anchor_rounding!r}")
     if anchor_rounding != "exact" and softmax_mode != "rowmax_h15":
@@ -138,6 +153,7 @@ def resolve_stage(
     return Fp8Stage(
         mode=softmax_mode,
         rescale_threshold=threshold,
+        beta=beta,
         exp2_deleted=exp2_deleted,
         has_descale=has_descale,
         anchor_rounding=anchor_rounding,
@@ -220,7 +236,9 @@ def flash_attn_fp8_sm90(
 ):
     """SM90 FP8 attention forward -> (out BF16, lse fp32).
 
-    Levers (keyword-only), measured in docs/fp8_sm90.md:
+    `beta` (exact: the share of exponentials built by FA4's polynomial off the MUFU, in [0, 1], None = 0;
+    rowmax_h15: None or 1.0 only; Note [beta on the FP8 exact twin]). Levers (keyword-only), measured in
+    docs/fp8_sm90.md:
     - `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]; changes values);
     - `row_sum="mma"` (Note [Row sum by the MMA]);
     - `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]);

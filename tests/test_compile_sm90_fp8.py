@@ -11,7 +11,9 @@ thread): QGMMA with e4m3 operands and no HGMMA; `exact`: S * E MUFU.EX2 for the 
 row rescale factors, S * E / 2 e4m3 converts (F2FP...E4M3, two weights each); `rowmax_h15`: only the 2 (S - 1)
 rescale MUFU.EX2 and no e4m3 convert (the bytes come from PRMT); `row_sum="mma"`: the PV GEMM is N = head_dim
 + 8 and no per-element FADD is left; `clamp="sat"`: one FFMA.SAT per element and no clamp FMNMX (every max
-left is the NaN-propagating row max).
+left is the NaN-propagating row max); exact with `beta`: the emulated elements (B per thread and site, picked by
+`softmax_base.off_mufu` on each row) leave the MUFU: S * (E - B) + 2 (S - 1) MUFU.EX2, 3 S B more FFMA (the
+cubic's Horner steps), the same converts, and the row max NaN-propagating (Note [beta on the FP8 exact twin]).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from fa4_rowmax.stage import compile_check
+from fa4_rowmax.stage.softmax_base import off_mufu
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES = 3
@@ -49,6 +52,7 @@ CONFIGS = {
     "h15": dict(softmax_mode="rowmax_h15"),
     "h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"),
     "h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
+    "exact_n192_beta0.25_mma": dict(softmax_mode="exact", tile_n=192, beta=0.25, row_sum="mma"),
 }
 
 
@@ -95,6 +99,12 @@ def _per_thread(kwargs) -> int:
     return kwargs.get("tile_n", 128) // 2
 
 
+def _emulated_per_thread(kwargs) -> int:
+    """Elements per thread and site off the MUFU: the stage's rule on each of the ROWS rows of tile_n / 4."""
+    per_row = _per_thread(kwargs) // ROWS
+    return ROWS * sum(off_mufu(i, per_row, kwargs.get("beta") or 0.0) for i in range(per_row))
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_fp8_wgmma_only(compiled, name):
     kwargs, ops = compiled[name]
@@ -110,9 +120,21 @@ def test_fp8_wgmma_only(compiled, name):
 def test_exact_twin_mufu_and_convert_counts(compiled, name):
     kwargs, ops = compiled[name]
     e = _per_thread(kwargs)
-    assert _count(ops, "MUFU.EX2") == SITES * e + ROWS * (SITES - 1)
+    assert _count(ops, "MUFU.EX2") == SITES * (e - _emulated_per_thread(kwargs)) + ROWS * (SITES - 1)
     e4m3_converts = sum(n for op, n in ops.items() if op.startswith("F2FP") and "E4M3" in op)
     assert e4m3_converts == SITES * e // 2
+
+
+def test_beta_moves_exp2_onto_the_fma_pipe(compiled):
+    """Note [beta on the FP8 exact twin]: beta 0.25 at tile_n 192 emulates 24 of 96 elements per thread and site,
+    three FFMA each more than beta 0 (same skeleton, `exact_n192_mma`, whose vote adds no FFMA), and its row max
+    propagates NaN (FMNMX.NAN) where beta 0 keeps FA4's NaN-quiet one."""
+    kwargs, ops = compiled["exact_n192_beta0.25_mma"]
+    _, base = compiled["exact_n192_mma"]
+    emulated = _emulated_per_thread(kwargs)
+    assert emulated == 24
+    assert _count(ops, "FFMA") - _count(base, "FFMA") == 3 * SITES * emulated
+    assert _count(base, "FMNMX.NAN") == 0 and _count(ops, "FMNMX.NAN") >= SITES * _per_thread(kwargs)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("h15")])

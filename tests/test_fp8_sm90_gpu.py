@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
-from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+from fa4_rowmax.gates.tolerances import EX2_EMULATION_REL_ERROR, fp8_kernel_bounds
 
 E4M3 = torch.float8_e4m3fn
 
@@ -60,6 +60,7 @@ def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
         max_offset=FP8_MAX_OFFSET,
         tile_n=levers.get("tile_n", 128),
         anchor_rounding=levers.get("anchor_rounding", "exact"),
+        beta=levers.get("beta"),
     )
     ref_out, ref_lse = attention_reference(q, k, v, config, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv)
     out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, causal, descales, levers.get("row_sum") == "mma")
@@ -99,6 +100,7 @@ def test_matches_reference(shape, causal, mode):
 LEVERS = [
     dict(softmax_mode="exact", tile_n=192),
     dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.25),
     dict(softmax_mode="rowmax_h15", tile_n=192),
     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave"),
     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma", rescale_vote=True),
@@ -131,6 +133,19 @@ def test_levers_match_reference(shape, levers):
         finite = torch.isfinite(ref_lse)
         assert ((lse - ref_lse).abs()[finite] <= math.log(2.0) * env).all()
         assert ((out.float() - ref_out.float()).abs() <= 2 * (2**env - 1) * v.float().abs().max()).all()
+
+
+@pytest.mark.parametrize("beta", [0.25, 0.5, 1.0])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[5]])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+def test_exact_beta_matches_reference(shape, causal, beta):
+    """Note [beta on the FP8 exact twin]: the emulated share changes exact's values only within the bounds, whose
+    delta carries the emulation's error (Note [FP8 kernel vs reference bounds]); off-grid seqlens, rows with no
+    key (SHAPES[3] causal), head dim 64 over 2049 keys (SHAPES[5]); tile_n 192 with the odd beta."""
+    q, k, v = _inputs(hash((shape, causal, beta)) % 2**31, *shape)
+    _check_against_reference(q, k, v, causal, "exact", beta=beta, **(dict(tile_n=192) if beta == 0.25 else {}))
 
 
 @pytest.mark.gpu
@@ -175,7 +190,14 @@ def _one_hot_problem(seed, rows=256, head_dim=128, values=(-2.0, -1.0, 0.0, 1.0,
 @pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
 @pytest.mark.parametrize(
     "mode,levers",
-    [("rowmax_h15", {}), ("rowmax_h15", dict(row_sum="mma")), ("exact", {}), ("exact", dict(row_sum="mma"))],
+    [
+        ("rowmax_h15", {}),
+        ("rowmax_h15", dict(row_sum="mma")),
+        ("exact", {}),
+        ("exact", dict(row_sum="mma")),
+        ("exact", dict(beta=1.0)),
+        ("exact", dict(beta=0.5, row_sum="mma")),
+    ],
 )
 @pytest.mark.parametrize("scale_log2", [0.173, 0.5123])
 def test_p_bytes_single_tile(mode, levers, scale_log2):
@@ -183,8 +205,8 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
     0x78 in both modes), exact in e4m3 up to BF16's 2^-8 (the e4m3 grid is 2^-3 apart). rowmax_h15 must give
     torch.float8_e4m3fn(H15 weight) for weights >= 2^-6 (normals), 2^-7 for H = 1.5 * 2^-7 and 0 below
     (Note [H15 e4m3 bytes by integer ops]); exact must give e4m3(exp2(y)) except within MUFU ex2.approx's
-    2^-22 of a rounding midpoint. Rows sum to 1 (the row sum adds the P that enters the MMA) within BF16's
-    rounding of 128 terms, 128 * 2^-9."""
+    2^-22 of a rounding midpoint (with a beta: within EX2_EMULATION_REL_ERROR, Note [exp2 emulation error]).
+    Rows sum to 1 (the row sum adds the P that enters the MMA) within BF16's rounding of 128 terms, 128 * 2^-9."""
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
     from fa4_rowmax.reference.exp_approx import h15_bits
 
@@ -210,7 +232,7 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
         exponent = torch.floor(torch.log2(weight.clamp(min=2.0**-9)))
         ulp = torch.exp2(torch.clamp(exponent, min=-6) - 3)
         midpoint_gap = ((weight / ulp - 0.5) - torch.round(weight / ulp - 0.5)).abs() * ulp / weight
-        checked = midpoint_gap > 2.0**-20
+        checked = midpoint_gap > (2 * EX2_EMULATION_REL_ERROR if "beta" in levers else 2.0**-20)
     assert checked.float().mean() > 0.99
     mismatch = (bytes_read != expected) & checked
     assert not mismatch.any(), (
@@ -219,22 +241,28 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
     row_sums = o.sum(-1)
     assert ((row_sums - 1).abs() <= 128 * 2.0**-9).all()
     # LSE: ln(row sum * 2^-8) + max score * scale. The row sum adds P as read (rowmax_h15; row_sum="mma") or
-    # the fp32 weights (exact, FADD; MUFU ex2.approx 2^-22). The MMA row sum is off by up to 4 k-blocks x 33 x
-    # 2^-13 (Note [FP8 kernel vs reference bounds]).
+    # the fp32 weights (exact, FADD; MUFU ex2.approx 2^-22, the emulated share EX2_EMULATION_REL_ERROR). The MMA
+    # row sum is off by up to 4 k-blocks x 33 x 2^-13 (Note [FP8 kernel vs reference bounds]).
     p_values = bytes_read.view(E4M3).double()
-    summed = weight if (mode == "exact" and not levers) else p_values
+    mma_sum = levers.get("row_sum") == "mma"
+    summed = weight if (mode == "exact" and not mma_sum) else p_values
     lse_expected = torch.log(summed.sum(-1) * 2.0**-FP8_MAX_OFFSET) + scores.amax(-1) * softmax_scale
-    tolerance = math.log1p(4 * 33 * 2.0**-13) if levers.get("row_sum") == "mma" else 2.0**-16
+    tolerance = math.log1p(4 * 33 * 2.0**-13) if mma_sum else 2.0**-16
+    if "beta" in levers and not mma_sum:
+        tolerance += math.log1p(EX2_EMULATION_REL_ERROR)
     assert ((lse[0, 0].double() - lse_expected).abs() <= tolerance).all()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
-@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+@pytest.mark.parametrize(
+    "mode,levers", [("exact", {}), ("rowmax_h15", {}), ("exact", dict(beta=0.5)), ("exact", dict(beta=1.0))]
+)
 @pytest.mark.parametrize("where", ["q_nan", "k_nan", "v_nan", "q_inf"])
-def test_nan_inf_rows(mode, where):
+def test_nan_inf_rows(mode, levers, where):
     """A NaN in q (one row), k or v (one key), or +inf in q: exact gives FA4's values (NaN O, and LSE -inf for a
-    NaN row sum); rowmax_h15 gives the same NaN rows (Note [NaN rows in the approximate modes], softmax_sm90.py)."""
+    NaN row sum); rowmax_h15 and exact with a beta give the same NaN rows (Note [NaN rows in the approximate
+    modes], softmax_sm90.py; Note [beta on the FP8 exact twin]: the emulation alone would turn a NaN into 0)."""
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 
     q, k, v = _inputs(3, 1, 300, 300, 2, 2, 128)
@@ -246,7 +274,7 @@ def test_nan_inf_rows(mode, where):
         v[0, 250, 0, 3] = math.nan
     else:
         q[0, 17, 1, :] = math.inf
-    out, lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode=mode)
+    out, lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode=mode, **levers)
     exact_out, exact_lse = flash_attn_fp8_sm90(q, k, v, causal=True, softmax_mode="exact")
     assert torch.equal(torch.isnan(out), torch.isnan(exact_out))
     assert torch.equal(torch.isneginf(lse), torch.isneginf(exact_lse))
@@ -305,7 +333,12 @@ def test_bad_inputs_raise(change, match):
     "kwargs,match",
     [
         (dict(softmax_mode="rowmax_pot"), "softmax_mode must be one of"),
-        (dict(beta=0.5), "beta must be None"),
+        (dict(softmax_mode="rowmax_h15", beta=0.5), "beta must be None or 1.0 with softmax_mode='rowmax_h15'"),
+        (dict(softmax_mode="rowmax_h15", beta=0.0), "every H15 weight is built by integer ops off the MUFU"),
+        (dict(beta=1.5), r"beta must be None or a number in \[0, 1\], got 1.5"),
+        (dict(beta=math.nan), r"beta must be None or a number in \[0, 1\]"),
+        (dict(beta=True), r"beta must be None or a number in \[0, 1\], got True"),
+        (dict(beta=0.25, exp2_deleted=True), "beta must be None with exp2_deleted=True"),
         (dict(rescale_threshold=-1.0), "rescale_threshold must be"),
         (dict(softmax_mode="rowmax_h15", rescale_threshold=0.5), "lets P reach"),
         (dict(softmax_mode="exact", rescale_threshold=0.9), "lets P reach"),
@@ -326,6 +359,18 @@ def test_bad_arguments_raise(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         flash_attn_fp8_sm90(*_cpu_inputs(), **kwargs)
+
+
+def test_beta_resolves_to_one_kernel_per_meaning():
+    """Note [beta on the FP8 exact twin]: exact beta 0 is beta None (the unchanged kernel: one stage, one compile
+    key), rowmax_h15 beta 1.0 is None (its weights use no MUFU); exact keeps a share in (0, 1]."""
+    from fa4_rowmax.fp8_sm90 import resolve_stage
+
+    for mode, same in (("exact", 0.0), ("exact", 0), ("rowmax_h15", 1.0), ("rowmax_h15", 1)):
+        assert resolve_stage(mode, None, same, False) == resolve_stage(mode, None, None, False), (mode, same)
+    assert resolve_stage("exact", None, None, False).beta is None
+    for beta in (0.125, 0.25, 1.0):
+        assert resolve_stage("exact", None, beta, False).beta == beta
 
 
 def test_mixed_dtypes_and_gradients_raise():
@@ -354,12 +399,13 @@ def test_fa4_routing_entry_refuses_non_stock_features():
 
 
 def test_fa4_routing_entry_maps_the_stage():
-    """The stage's knobs reach the FP8 path's validation (beta is refused there, the range rule applies)."""
+    """The stage's knobs reach the FP8 path's validation (beta other than None/1.0 is refused for H15, the range
+    rule applies)."""
     from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
     from fa4_rowmax.interface import SoftmaxStage
 
     q, k, v = _cpu_inputs()
-    with pytest.raises(ValueError, match="beta must be None"):
+    with pytest.raises(ValueError, match="beta must be None or 1.0 with softmax_mode='rowmax_h15'"):
         fa4_sm90_fp8_forward(
             q, k, v, softmax_scale=None, causal=False, softmax_stage=SoftmaxStage("rowmax_h15", beta=0.5), features={}
         )

@@ -2,6 +2,8 @@
 differ only in rounding (the reference in fp32 and in fp64) stay within the per-row bounds, the bounds are
 tight enough that wrong implementations (another mode, another threshold, a swapped V row) break them."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -80,3 +82,79 @@ def test_fp8_bounds_hold_between_two_roundings_of_the_fp8_reference(mode):
     assert ((out32.float() - out64.float()).abs().amax(-1, keepdim=True) <= out_bound).all()
     finite = torch.isfinite(lse64)
     assert ((lse32 - lse64).abs()[finite] <= lse_bound[finite]).all()
+
+
+def _ex2_emulation_model(y: torch.Tensor) -> torch.Tensor:
+    """fp32 model of FA4's `utils.ex2_emulation` (degree 3), bit for bit up to the FMAs' double rounding: NaN-quiet
+    clamp at -127, floor, fraction in fp32, Horner in fp32, floor added into the exponent bits (mod 2^32)."""
+    from flash_attn.cute.utils import POLY_EX2
+
+    x = torch.where(torch.isnan(y), -127.0, y.clamp(min=-127.0)).float()
+    floor = torch.floor(x)
+    frac = x - floor
+    coeffs = POLY_EX2[3]
+    p = torch.full_like(frac, coeffs[3])
+    for c in coeffs[2::-1]:
+        p = (p.double() * frac.double() + torch.tensor(c, dtype=torch.float32).double()).float()
+    bits = (floor.long() << 23) + p.view(torch.int32).long()
+    bits = bits & 0xFFFFFFFF
+    return torch.where(bits >= 2**31, bits - 2**32, bits).int().view(torch.float32)
+
+
+def test_exp2_emulation_error_is_derived_from_fa4s_polynomial():
+    """Note [exp2 emulation error]: the constant is the bound recomputed from FA4's degree-3 POLY_EX2 (rounded up
+    by under 1 %), and an fp32 model of the emulation stays within it on y in [-126, 9] (the FP8 range: y <=
+    max_offset + rescale_threshold < 8.81); -inf and NaN give +0 (hence the NaN row max with beta, Note [beta on
+    the FP8 exact twin])."""
+    import inspect
+    import math
+
+    import flash_attn.cute.utils as utils
+
+    from fa4_rowmax.gates.tolerances import EX2_EMULATION_REL_ERROR
+
+    assert inspect.signature(utils.ex2_emulation).parameters["poly_degree"].default == 3
+    c = [float(torch.tensor(x, dtype=torch.float32)) for x in utils.POLY_EX2[3]]
+    assert c == list(utils.POLY_EX2[3]), "the coefficients are fp32 values"
+    f = torch.linspace(0.0, 1.0, 2**20 + 1, dtype=torch.float64)
+    p = ((c[3] * f + c[2]) * f + c[1]) * f + c[0]
+    dp = (3 * c[3] * f + 2 * c[2]) * f + c[1]
+    poly = (p / torch.exp2(f) - 1).abs().max() + ((dp - math.log(2) * p) / torch.exp2(f)).abs().max() * 2.0**-20
+    t2 = c[3] * f + c[2]
+    t1 = t2 * f + c[1]
+    fma = ((p + t1 * f + t2 * f * f) / torch.exp2(f)).max() * 2.0**-24
+    fraction = 2.0**-24 * math.log(2.0)
+    derived = float(poly + fma + fraction)
+    assert derived <= EX2_EMULATION_REL_ERROR <= 1.01 * derived, derived
+    y = torch.cat([torch.linspace(-126.0, 9.0, 2**21 + 1), torch.linspace(-1.0, 0.0, 2**18 + 1)])
+    rel = (_ex2_emulation_model(y).double() / torch.exp2(y.double()) - 1).abs()
+    assert float(rel.max()) <= EX2_EMULATION_REL_ERROR
+    assert float(rel.max()) > 0.95 * EX2_EMULATION_REL_ERROR  # the model is the polynomial, not exp2
+    special = _ex2_emulation_model(torch.tensor([-math.inf, math.nan, -200.0]))
+    assert special.tolist() == [0.0, 0.0, 0.0] and not torch.signbit(special).any()
+
+
+def test_fp8_bounds_cover_the_exp2_emulation(monkeypatch):
+    """Note [FP8 kernel vs reference bounds], beta: the FP8 reference with every exact weight emulated (beta 1, the
+    kernel's FADD row sum adds the emulated fp32 weights) stays within the bounds with beta=1.0, and leaves them
+    without the emulation term (small scores: the accumulator term of delta is then far below the emulation's)."""
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+    from fa4_rowmax.reference import attention as reference
+
+    gen = torch.Generator().manual_seed(5)
+    q = (torch.randn(1, 200, 2, 64, generator=gen) * 0.02).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(1, 300, 2, 64, generator=gen).to(torch.float8_e4m3fn) for _ in range(2))
+    config = SoftmaxConfig(mode="exact", max_offset=FP8_MAX_OFFSET, tile_n=128)
+    ref_out, ref_lse = attention_reference(q, k, v, config, causal=True)
+    stock_weights = reference._fa4_weights
+    monkeypatch.setattr(reference, "_fa4_weights", lambda y, tile, cfg: _ex2_emulation_model(y.float()).to(y.dtype))
+    out, lse = attention_reference(q, k, v, config, causal=True)
+    monkeypatch.setattr(reference, "_fa4_weights", stock_weights)
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse - ref_lse).abs()[finite]
+    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    for beta, covered in ((1.0, True), (None, False)):
+        out_bound, lse_bound = fp8_kernel_bounds(q, k, v, dataclasses.replace(config, beta=beta), True)
+        assert (out_err <= out_bound).all()
+        assert bool((lse_err <= lse_bound[finite]).all()) == covered, beta

@@ -7,7 +7,8 @@ register layout is not the accumulator's (Note [FP8 A operand from the S accumul
 
 Modes:
 - `exact`: `P = exp2(y)` on the MUFU, `y = s * scale_log2 + (max_offset - m * scale_log2)`, P to e4m3 by
-  `cvt.rn.satfinite.e4m3x2.f32`; the row sum adds the fp32 weights (FA4's SM100 FP8 semantics).
+  `cvt.rn.satfinite.e4m3x2.f32`; the row sum adds the fp32 weights (FA4's SM100 FP8 semantics). With `beta`
+  a share of the exponentials is FA4's polynomial on the FMA pipe (Note [beta on the FP8 exact twin]).
   `exp2_deleted=True` is a cost probe only: P = y, the MUFU is gone and the values are wrong.
 - `rowmax_h15`: P's bytes from the half-octave index by FFMA, clamp, round-add and a byte permute; the row sum
   adds the very values those bytes encode (scaled by 2^-120, Note [H15 e4m3 bytes by integer ops]).
@@ -19,6 +20,27 @@ As FA4's SM100 FP8 path (Note [Low Precision Scaling] in flash_fwd_sm100.py): we
 sum carries the same factor and the LSE subtracts it. A stale max (rescale_threshold) lets y reach
 max_offset + rescale_threshold, and H15 rounds up by up to log2(1.5) - 0.25 octaves: the host refuses
 settings where that passes log2(448) (`fa4_rowmax.fp8_sm90`).
+
+Note [beta on the FP8 exact twin]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The exact twin spends one MUFU.EX2 per element, the FP8 tensor rate at head dim 128 (docs/fp8_sm90.md,
+"Budget"). With `beta` the elements the mixin's `off_mufu` picks (Note [beta selects instructions],
+softmax_base.py: floor(n beta) of each row's n = tile_n / 4 elements per thread, spread evenly) take FA4's
+`utils.ex2_emulation(y)` instead: clamp at -127, floor by `add.rm` of 1.5 * 2^23, the fraction f in [0, 1)
+(exact), the degree-3 `POLY_EX2` by three FFMA, and floor(y) added into the exponent bits by integer ops. Its
+domain holds here: y <= max_offset + rescale_threshold < 8.81 (the range rule, Note [FP8 max_offset]) is far
+below its assumed 127; y = -inf (masked keys) clamps to -127 and comes out +0 bit for bit (fraction 0, the
+exponent field wraps to 0); -127 < y < -126 gives a subnormal within 2^-126 of 2^y (e4m3 0 on both paths).
+Its relative error (8.8e-5, Note [exp2 emulation error], gates/tolerances.py) is not MUFU
+ex2.approx's 2^-22, so the e4m3 rounding of an element within that of a rounding midpoint can flip, and the
+FADD row sum adds the emulated fp32 weights.
+NaN: the emulation's clamp is a NaN-quiet max, so a NaN y would become +0 where ex2.approx gives NaN. So with a
+beta the exact twin takes the NaN-propagating row max and finalize's NaN-row rule of rowmax_h15 (`nan_rows`,
+Note [NaN rows in the approximate modes], softmax_sm90.py; FMNMX.NAN costs what FMNMX costs): a NaN or +inf
+score makes the row's max NaN or +inf, so every y of the row is NaN, O is NaN and the LSE -inf, what beta 0
+gives through exp2(NaN) in P and the row sum. The host (`fp8_sm90.resolve_stage`) maps beta 0 to None (the
+unchanged kernel: same stage, compile key and SASS), accepts only None or 1.0 for rowmax_h15 (its weights
+use no MUFU at all), and refuses beta with `exp2_deleted` (the probe computes no exp2 to move).
 
 Note [Descales]
 ~~~~~~~~~~~~~~~
@@ -267,6 +289,7 @@ KEY_ORDER_IN_16 = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
 class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     mode: cutlass.Constexpr[str] = "exact"
     rescale_threshold: cutlass.Constexpr[float] = 0.0
+    beta: cutlass.Constexpr[float | None] = None
     exp2_deleted: cutlass.Constexpr[bool] = False
     has_descale: cutlass.Constexpr[bool] = False
     anchor_rounding: cutlass.Constexpr[str] = "exact"
@@ -282,6 +305,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         *,
         mode: str,
         rescale_threshold: float,
+        beta: float | None,
         exp2_deleted: bool,
         has_descale: bool,
         anchor_rounding: str,
@@ -296,6 +320,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
             *RowmaxSoftmaxMixin.stock_fields(softmax),
             mode=mode,
             rescale_threshold=rescale_threshold,
+            beta=beta,
             exp2_deleted=exp2_deleted,
             has_descale=has_descale,
             anchor_rounding=anchor_rounding,
@@ -308,7 +333,9 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
 
     @property
     def nan_rows(self) -> bool:
-        return self.mode == "rowmax_h15"
+        """NaN-propagating row max and NaN rows: rowmax_h15, and exact with a beta
+        (Note [beta on the FP8 exact twin])."""
+        return self.mode == "rowmax_h15" or self.beta is not None
 
     @property
     def folded(self) -> bool:
@@ -410,7 +437,12 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                 bias = Float32(FP8_MAX_OFFSET) - row_max_safe * scale_log2
                 for c in cutlass.range_constexpr(n_cols):
                     y = acc_S_mn[r, c] * scale_log2 + bias
-                    acc_S_mn[r, c] = y if const_expr(self.exp2_deleted) else cute.math.exp2(y, fastmath=True)
+                    if const_expr(self.exp2_deleted):
+                        acc_S_mn[r, c] = y
+                    elif const_expr(self.off_mufu(c, n_cols)):
+                        acc_S_mn[r, c] = utils.ex2_emulation(y)  # Note [beta on the FP8 exact twin]
+                    else:
+                        acc_S_mn[r, c] = cute.math.exp2(y, fastmath=True)
                 if const_expr(not self.row_sum_by_mma):
                     row_sum[r] = utils.fadd_reduce(
                         acc_S_mn[r, None].load(),
@@ -468,9 +500,9 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:
         """1 / row_sum (with v_descale, and 2^120 for rowmax_h15) and the LSE; row_sum becomes the LSE.
 
-        Rows whose sum is 0 or NaN get LSE -inf and factor 1 (stock); in rowmax_h15 a NaN or +inf row max
-        (NaN or +inf score) makes the factor NaN, so O is NaN there as in exact (Note [NaN rows in the
-        approximate modes], softmax_sm90.py).
+        Rows whose sum is 0 or NaN get LSE -inf and factor 1 (stock); with `nan_rows` (rowmax_h15, exact with a
+        beta) a NaN or +inf row max (NaN or +inf score) makes the factor NaN, so O is NaN there as in exact
+        (Note [NaN rows in the approximate modes], softmax_sm90.py; Note [beta on the FP8 exact twin]).
         """
         assert sink_val is None, "learnable sinks are not supported on the SM90 FP8 path"
         row_sum = self.row_sum
@@ -511,6 +543,7 @@ class Fp8Stage:
 
     mode: str = "exact"
     rescale_threshold: float = 0.0
+    beta: float | None = None  # exact only, in (0, 1]; None: every exp2 on the MUFU (Note [beta on the FP8 exact twin])
     exp2_deleted: bool = False
     has_descale: bool = False
     anchor_rounding: str = "exact"
@@ -523,6 +556,7 @@ class Fp8Stage:
             softmax,
             mode=self.mode,
             rescale_threshold=self.rescale_threshold,
+            beta=self.beta,
             exp2_deleted=self.exp2_deleted,
             has_descale=self.has_descale,
             anchor_rounding=self.anchor_rounding,
