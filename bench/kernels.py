@@ -123,10 +123,12 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 # The FP8 SM90 kernel (fa4_rowmax.fp8_sm90): exact twin, its exp2-deleted cost probe, Rowmax-H15 and its map
 # over its knobs: rescale_threshold (FA4's range rule with max_offset 8 leaves < 0.472 for H15 in e4m3,
 # config.py), the folded half-octave anchor, and the KV tile (the kernel takes 128-224; FA3 uses 224 for FP8
-# hd128). It takes no beta yet (fp8_sm90.resolve_stage refuses one), so the map has no beta axis.
+# hd128). Its H15 takes beta None or 1.0 only (every weight is built off the MUFU), so the map has no beta axis;
+# the exact twin's beta rows are levers (FP8_EXACT_BETAS).
 FP8_H15_THRESHOLDS = (0.0, 0.4)
 FP8_ANCHOR_ROUNDINGS = ("exact", "half_octave")
 FP8_TILE_NS = (128, 224)
+FP8_EXACT_BETAS = (0.125, 0.25)
 # The kernel's per-element levers one at a time, and all together (issue 11, "What decides it"): the row sum
 # by the PV MMA (ones columns in V^T) and the warp-vote O-rescale skip; timed at the focus shape with the map.
 FP8_LEVERS = {
@@ -155,6 +157,12 @@ FP8_LEVERS = {
     # fa4_fp8_h15_n192, one op less per element).
     "fa4_fp8_h15_fold_n192": {"softmax_mode": "rowmax_h15", "anchor_rounding": "half_octave", "tile_n": 192},
     "fa4_fp8_h15_sat_n192": {"softmax_mode": "rowmax_h15", "clamp": "sat", "tile_n": 192},
+    # The exact twin's exp2-emulation share (fp8_sm90, Note [beta on the FP8 exact twin]) at KV tile 192, with the
+    # FADD row sum (the MMA row sum is refused past MMA_ROW_SUM_MAX_KEYS).
+    **{
+        f"fa4_fp8_exact_n192_b{beta:g}": {"softmax_mode": "exact", "tile_n": 192, "beta": beta}
+        for beta in FP8_EXACT_BETAS
+    },
 }
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")

@@ -39,6 +39,11 @@ VARIANTS = {
     ),
     "fa4fp8_h15_sat_n192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192),
     "fa4fp8_h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
+    "fa4fp8_exact_n192_beta0p125": dict(softmax_mode="exact", tile_n=192, beta=0.125),
+    "fa4fp8_exact_n192_beta0p25": dict(softmax_mode="exact", tile_n=192, beta=0.25),
+    "fa4fp8_exact_n192_mma_beta0p125": dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.125),
+    "fa4fp8_exact_n192_mma_beta0p25": dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.25),
+    "fa4fp8_exact_n192_mma_beta0p5": dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.5),
 }
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "PRMT", "SHF", "IMAD", "LOP3", "FSEL", "IADD3")
 

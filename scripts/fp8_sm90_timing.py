@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Same-run, interleaved timing of the SM90 FP8 forward against its peers on one GPU.
 
-    python scripts/fp8_sm90_timing.py OUT_DIR [--seqlens 8192 16384] [--variants ...]
+    python scripts/fp8_sm90_timing.py OUT_DIR [--seqlens 8192 16384] [--variants NAME ...]
+
+`--variants` picks rows of the variant table by name (an unknown name raises and lists the table); the
+default list leaves out the exact twin's beta rows (`fa4fp8_exact_n192[_mma]_beta0p125`, `_beta0p25`,
+`_beta0p5`; the `_mma` ones take <= 2,048 keys).
 
 Every variant runs on rotating inputs (enough sets to exceed L2), CUDA-event timed, `iters` calls per
 measurement; rounds interleave the variants and the reported time is the median over rounds. The V^T
@@ -15,6 +19,8 @@ import statistics
 import time
 
 import torch
+
+EXACT_BETAS = (0.125, 0.25, 0.5)
 
 
 def make_inputs(batch, seqlen, heads, head_dim, sets, dtype):
@@ -74,6 +80,12 @@ def variants(names, causal, batch, heads):
     table["fa4fp8_exact_n224"] = ("fp8", fp8(softmax_mode="exact", tile_n=224))
     table["fa4fp8_h15_fold_n224"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=224))
     table["fa4fp8_h15_fold_n192"] = ("fp8", fp8(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192))
+    # The exact twin's beta share (Note [beta on the FP8 exact twin]); the MMA row sum takes <= 2,048 keys only.
+    for beta in EXACT_BETAS:
+        tag = f"beta{beta:g}".replace(".", "p")
+        table[f"fa4fp8_exact_n192_{tag}"] = ("fp8", fp8(softmax_mode="exact", tile_n=192, beta=beta))
+        table[f"fa4fp8_exact_n192_mma_{tag}"] = ("fp8", fp8(softmax_mode="exact", tile_n=192, row_sum="mma", beta=beta))
+    fa3_missing = False
     try:
         import fa3_fwd_interface as fa3
 
@@ -83,6 +95,7 @@ def variants(names, causal, batch, heads):
         )
         table["fa3_bf16"] = ("bf16", lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal))
     except ImportError as e:
+        fa3_missing = True
         print("fa3 unavailable:", e)
     from flash_attn.cute import flash_attn_func
 
@@ -90,6 +103,9 @@ def variants(names, causal, batch, heads):
     from fa4_rowmax.stage.v_transpose import v_transpose
 
     table["prepass_only"] = ("fp8", lambda q, k, v: v_transpose(v, ones, ones, ones))
+    unknown = [n for n in names if n not in table and not (fa3_missing and n.startswith("fa3_"))]
+    if unknown:
+        raise ValueError(f"unknown --variants {unknown}; accepted: {sorted(table)}")
     return {n: table[n] for n in names if n in table}
 
 

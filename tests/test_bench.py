@@ -617,7 +617,7 @@ def test_cli_fp8_dry_run_and_preset_conflict(capsys):
 
 
 def test_fp8_kernel_rows_and_support_rules():
-    from bench.kernels import CUDNN_SCALE_O, FP8_MAP_KERNELS, GEMM_CEILING_FLOPS, RATIO_PEERS
+    from bench.kernels import CUDNN_SCALE_O, FP8_LEVERS, FP8_MAP_KERNELS, GEMM_CEILING_FLOPS, RATIO_PEERS
 
     hopper, blackwell = (9, 0), (10, 0)
     for name in ("fa3_fp8", "cudnn_fp8", "fa4_fp8_exact", "fa4_fp8_h15", "gemm_fp8") + FP8_MAP_KERNELS:
@@ -640,6 +640,8 @@ def test_fp8_kernel_rows_and_support_rules():
         "tile_n": 224,
     }
     assert "fa4_fp8_h15_t0_n128" in FP8_MAP_KERNELS and dict(KERNELS["fa4_fp8_exact_n224"].knobs)["tile_n"] == 224
+    assert dict(KERNELS["fa4_fp8_exact_n192_b0.25"].knobs) == {"softmax_mode": "exact", "tile_n": 192, "beta": 0.25}
+    assert "fa4_fp8_exact_n192_b0.125" in FP8_LEVERS and KERNELS["fa4_fp8_exact_n192_b0.125"].checked
     assert dict(KERNELS["fa4_fp8_h15_fold_vote_mma"].knobs) == {
         "softmax_mode": "rowmax_h15",
         "anchor_rounding": "half_octave",
