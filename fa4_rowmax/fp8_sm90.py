@@ -64,6 +64,11 @@ class KernelConfig:
 def _check_tensor(name: str, t, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype == torch.float8_e5m2:
+        raise ValueError(
+            f"{name} must be torch.float8_e4m3fn: e5m2 inputs are not implemented on the SM90 FP8 path "
+            "(docs/fp8_sm90.md, 'e5m2 inputs'), got torch.float8_e5m2"
+        )
     if t.dtype != torch.float8_e4m3fn:
         raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
     if t.dim() != ndim:

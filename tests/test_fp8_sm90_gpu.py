@@ -318,6 +318,7 @@ def _cpu_inputs(hq=4, hk=4, d=128, dtype=E4M3):
     "change,match",
     [
         (dict(dtype=torch.bfloat16), "q must be torch.float8_e4m3fn"),
+        (dict(dtype=torch.float8_e5m2), "q must be torch.float8_e4m3fn: e5m2 inputs are not implemented"),
         (dict(d=96), "head_dim must be one of"),
         (dict(hq=6, hk=4), "must be a multiple"),
     ],
