@@ -198,6 +198,7 @@ def _one_hot_problem(seed, rows=256, head_dim=128, values=(-2.0, -1.0, 0.0, 1.0,
         ("exact", dict(beta=1.0)),
         ("exact", dict(beta=0.5, row_sum="mma")),
     ],
+    ids=["h15", "h15-mma", "exact", "exact-mma", "exact-beta1", "exact-beta0.5-mma"],
 )
 @pytest.mark.parametrize("scale_log2", [0.173, 0.5123])
 def test_p_bytes_single_tile(mode, levers, scale_log2):
@@ -256,7 +257,9 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
 @pytest.mark.parametrize(
-    "mode,levers", [("exact", {}), ("rowmax_h15", {}), ("exact", dict(beta=0.5)), ("exact", dict(beta=1.0))]
+    "mode,levers",
+    [("exact", {}), ("rowmax_h15", {}), ("exact", dict(beta=0.5)), ("exact", dict(beta=1.0))],
+    ids=["exact", "h15", "exact-beta0.5", "exact-beta1"],
 )
 @pytest.mark.parametrize("where", ["q_nan", "k_nan", "v_nan", "q_inf"])
 def test_nan_inf_rows(mode, levers, where):
