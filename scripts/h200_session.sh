@@ -16,7 +16,8 @@ python3 -m fa4_rowmax.patching apply >/dev/null
 # The FP8 rows both benchmark steps time: peers and ceiling, the exact twin (MUFU, beta shares), H15 with the
 # FADD row sum (exact anchor, fold, clamp by saturation), the MMA row sum (refused past 2,048 keys), the probe.
 FP8_BENCH_KERNELS="gemm_fp8 fa3_fp8 cudnn_fp8 fa4_stock_bf16 fa3_bf16 fa4_fp8_exact_n192 fa4_fp8_exact_n192_mma \
-  fa4_fp8_h15_n192 fa4_fp8_h15_fold_n192 fa4_fp8_h15_sat_n192 fa4_fp8_h15_fold_n192_mma fa4_fp8_exact_noexp_n192"
+  fa4_fp8_exact_n192_b0.125 fa4_fp8_exact_n192_b0.25 fa4_fp8_h15_n192 fa4_fp8_h15_fold_n192 fa4_fp8_h15_sat_n192 \
+  fa4_fp8_h15_fold_n192_mma fa4_fp8_exact_noexp_n192"
 FP8_EXTRA_TESTS=""
 case "$STEP" in
   bench)
@@ -38,7 +39,7 @@ case "$STEP" in
       --kernels $FP8_BENCH_KERNELS > "$OUT/bench_long.log" 2>&1
     tail -30 "$OUT/bench_long.log" ;;
   fp8tests)
-    timeout 300 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
+    timeout 420 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
       $FP8_EXTRA_TESTS > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -6 "$OUT/pytest_gpu_fp8.log" ;;
   qualityfp8)
     timeout 280 python3 -m bench.quality --device cuda --compare-kernels --text-dir /tmp/devdata/python-doc \
