@@ -206,8 +206,8 @@ def test_baps_restarts_moves_the_max_after_a_restart():
     assert got["tiles"].tolist() == [[0, 1, 2]]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
+def _tiny_llama(num_tokens: int):
+    """A seeded 2-layer GQA llama (head dim 64, the smallest the reference takes) and random tokens."""
     import transformers
 
     torch.manual_seed(0)
@@ -221,8 +221,12 @@ def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
         head_dim=64,
         tie_word_embeddings=True,
     )
-    model = transformers.LlamaForCausalLM(config).eval()
-    tokens = torch.randint(0, 97, (1000,))
+    return transformers.LlamaForCausalLM(config).eval(), torch.randint(0, 97, (num_tokens,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
+    model, tokens = _tiny_llama(1000)
     workload = quality.Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
     quality.export_cache(workload, tmp_path, dtype)
     loaded = quality.load_from_cache(tmp_path)
@@ -301,20 +305,7 @@ PROVENANCE = {"model": "tiny", "model_sha256": "0" * 64, "text_source": "random"
 
 
 def _tiny_cache(tmp_path):
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    tokens = torch.randint(0, 97, (2000,))
+    model, tokens = _tiny_llama(2000)
     cache = tmp_path / "cache"
     quality.export_cache(
         quality.Workload(model, tokens, dict(PROVENANCE, num_tokens=len(tokens))),
