@@ -7,7 +7,12 @@
 q, k, v: torch.float8_e4m3fn (batch, seqlen, heads, head_dim), head_dim 64 or 128, heads_q a multiple of
 heads_kv (GQA), last dimension contiguous. Returns BF16 out (batch, seqlen_q, heads_q, head_dim) and fp32
 lse (batch, heads_q, seqlen_q), natural log, of the logits softmax_scale * q_descale * k_descale * q.k.
-Causal masking is bottom-right aligned (FA4's). Forward only.
+Causal masking is bottom-right aligned (FA4's), per sequence. Forward only.
+
+Varlen (FA4's `flash_attn_varlen_func` layout): q (total_q, heads, head_dim), k, v (total_k, heads_kv, head_dim)
+with int32 cu_seqlens_q / cu_seqlens_k (batch + 1), optionally int32 seqused_q / seqused_k (batch); out
+(total_q, heads_q, head_dim), lse (heads_q, total_q). The pre-pass gives each sequence its own V^T range (Note
+[Varlen V^T], stage/v_transpose.py).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ TILE_NS = (128, 160, 192, 224)
 # bench/results/h200_2026-12-01/bench_fp8/), while the GPU tests, whose bounds carry that accumulation term,
 # pass it up to 2,048 keys. So it is refused beyond the tested length, not passed through.
 MMA_ROW_SUM_MAX_KEYS = 2048  # multiples of 32: the e4m3 wgmma K
+# FA4's varlen arguments this forward takes (with cu_seqlens_q and cu_seqlens_k; Note [Varlen host checks]).
+VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class KernelConfig:
     tile_m: int = 128
     tile_n: int = 128
     num_stages: int = 2
+    varlen: bool = False  # q, k, v packed, with cu_seqlens_q / cu_seqlens_k
+    seqused_q: bool = False
+    seqused_k: bool = False
 
     @property
     def pack_gqa(self) -> bool:
@@ -59,6 +69,9 @@ class KernelConfig:
         # the ratio divides tile_m (FA4 then loads the packed Q by TMA); other ratios (Qwen2.5: 7, 6) run one
         # Q head per work tile, K/V head = Q head // ratio, as FA4 does without packing. Values are the same.
         return self.qhead_per_kvhead > 1 and self.tile_m % self.qhead_per_kvhead == 0
+
+
+_LAYOUTS = {4: "(batch, seqlen, heads, head_dim)", 3: "(total, heads, head_dim) with cu_seqlens (varlen)"}
 
 
 def _check_tensor(name: str, t, ndim: int) -> None:
@@ -72,7 +85,7 @@ def _check_tensor(name: str, t, ndim: int) -> None:
     if t.dtype != torch.float8_e4m3fn:
         raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
     if t.dim() != ndim:
-        raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must be {ndim}-D {_LAYOUTS[ndim]}, got shape {tuple(t.shape)}")
     if t.stride(-1) != 1:
         raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
 
@@ -89,6 +102,83 @@ def _check_descale(name: str, d, batch: int, heads_kv: int, device) -> torch.Ten
     if d.device != device:
         raise ValueError(f"{name} must be on {device}, got {d.device}")
     return d.contiguous()
+
+
+# Note [Varlen host checks]
+# The varlen layout needs cu_seqlens_q and cu_seqlens_k together (seqused_q / seqused_k only with them; dense
+# calls with seqused or one packed side have no GPU test here, so they are refused). Shapes, dtypes and devices
+# are checked for free. The offsets' contents (start at 0, never decrease, end at q's / k's token count;
+# 0 <= seqused <= the sequence's length) are checked with `validate=True`, by one host read of these few
+# int32s: one sync per call, and no CUDA-graph capture (refused with a ValueError while capturing).
+# `validate=False` skips exactly those content checks, the only host read of GPU data, so the call is
+# sync-free and capturable (as aiter_fused's varlen entry); the caller then guarantees them, or the pre-pass
+# and the kernel read out of bounds. Neither the kernel nor the pre-pass needs max_seqlen_q/k: FA4's varlen
+# scheduler sizes its grid from total_q, the pre-pass from V^T's columns (Note [Varlen V^T]), so they are not
+# arguments here (FA4's flash_attn_varlen_func takes them and does not pass them on).
+
+
+def _check_index(name: str, t, length: int, device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (length,):
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be an int32 tensor of shape ({length},), got {got}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
+    if length > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
+
+
+def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, validate: bool) -> int:
+    """The batch of a varlen call (Note [Varlen host checks]); q, k are 3-D already."""
+    if not isinstance(validate, bool):
+        raise ValueError(f"validate must be a bool, got {validate!r}")
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1:
+        got = tuple(cu_seqlens_q.shape) if isinstance(cu_seqlens_q, torch.Tensor) else type(cu_seqlens_q).__name__
+        raise ValueError(f"cu_seqlens_q must be an int32 tensor of shape (batch + 1,), got {got}")
+    batch = cu_seqlens_q.numel() - 1
+    for name, t, length in (
+        ("cu_seqlens_q", cu_seqlens_q, batch + 1),
+        ("cu_seqlens_k", cu_seqlens_k, batch + 1),
+        ("seqused_q", seqused_q, batch),
+        ("seqused_k", seqused_k, batch),
+    ):
+        if t is not None:
+            _check_index(name, t, length, q.device)
+    from flash_attn.cute.testing import is_fake_mode
+
+    if not validate or is_fake_mode():
+        return batch
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "validate=True reads cu_seqlens_q/k (and seqused_q/k) on the host, which a CUDA-graph capture cannot; "
+            "accepted while capturing: validate=False (Note [Varlen host checks])"
+        )
+    present = [t for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) if t is not None]
+    values = torch.cat(present).tolist()  # the one host read
+    cu = {"cu_seqlens_q": values[: batch + 1], "cu_seqlens_k": values[batch + 1 : 2 * batch + 2]}
+    for (name, offsets), total, side in zip(cu.items(), (q.shape[0], k.shape[0]), ("q", "k")):
+        if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+            shown = offsets if len(offsets) <= 9 else [*offsets[:4], "...", *offsets[-4:]]
+            raise ValueError(
+                f"{name} must start at 0, never decrease and end at {side}.shape[0] = {total} "
+                f"(total_{side}); got {shown}"
+            )
+    rest = values[2 * batch + 2 :]
+    for name, used, offsets in (
+        ("seqused_q", seqused_q, cu["cu_seqlens_q"]),
+        ("seqused_k", seqused_k, cu["cu_seqlens_k"]),
+    ):
+        if used is None:
+            continue
+        lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+        counts, rest = rest[:batch], rest[batch:]
+        bad = [i for i, (n, length) in enumerate(zip(counts, lengths)) if not 0 <= n <= length]
+        if bad:
+            i = bad[0]
+            raise ValueError(
+                f"{name} must lie in [0, the sequence's length]; got {name}[{i}] = {counts[i]} for a sequence of "
+                f"{lengths[i]} ({len(bad)} of {batch} sequences out of range)"
+            )
+    return batch
 
 
 def check_range_rule(softmax_mode: str, rescale_threshold: float) -> None:
@@ -171,7 +261,7 @@ def resolve_stage(
 _compile_cache: dict = {}
 
 
-def _compile(config: KernelConfig, q, k, vt, out, lse, descale):
+def _compile(config: KernelConfig, q, k, vt, out, lse, descale, index):
     import cutlass.cute as cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
     from flash_attn.cute.utils import AuxData
@@ -189,7 +279,7 @@ def _compile(config: KernelConfig, q, k, vt, out, lse, descale):
         num_stages=config.num_stages,
     )
     q_t, k_t = to_cute_tensor(q), to_cute_tensor(k)
-    vt_t = to_cute_tensor(vt, leading_dim=1)
+    vt_t = to_cute_tensor(vt, leading_dim=0 if config.varlen else 1)  # the key mode
     o_t = to_cute_tensor(out)
     lse_t = to_cute_tensor(lse, assumed_align=4)
     aux = AuxData([to_cute_tensor(descale, assumed_align=4, leading_dim=2)], None) if descale is not None else AuxData()
@@ -202,11 +292,8 @@ def _compile(config: KernelConfig, q, k, vt, out, lse, descale):
         o_t,
         lse_t,
         1.0,
-        None,
-        None,
-        None,
-        None,
-        None,  # cu_seqlens_q/k, seqused_q/k, page_table
+        *(to_cute_tensor(t, assumed_align=4, leading_dim=0) if t is not None else None for t in index),
+        None,  # page_table
         None,
         None,
         None,
@@ -238,6 +325,11 @@ def flash_attn_fp8_sm90(
     clamp: str = "max",
     exp2_deleted: bool = False,
     tile_n: int = 128,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    validate: bool = True,
 ):
     """SM90 FP8 attention forward -> (out BF16, lse fp32).
 
@@ -250,19 +342,44 @@ def flash_attn_fp8_sm90(
     - `clamp="sat"` (rowmax_h15, exact anchor: Note [Clamp by saturation]; same values, one op less);
     - `tile_n` (keys per tile, a multiple of 32; 192 was the fastest measured on the H200).
     `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
+
+    Varlen (keyword-only, module docstring): `cu_seqlens_q`, `cu_seqlens_k` (int32, batch + 1), `seqused_q`,
+    `seqused_k` (int32, batch: the rows / keys used of each sequence; rows past seqused_q are not written, as
+    in FA4); `validate=False` skips the one host read that checks their contents (Note [Varlen host checks]).
     """
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must be given together on the SM90 FP8 path (q, k and v packed); "
+            f"got cu_seqlens_q {'set' if varlen else 'None'}, cu_seqlens_k {'None' if varlen else 'set'}"
+        )
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, 4)
+        _check_tensor(name, t, 3 if varlen else 4)
     if any(t.requires_grad for t in (q, k, v)):
         raise ValueError(
             "the SM90 FP8 forward is forward-only: q, k and v must not require grad (use torch.no_grad() or .detach())"
         )
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    if batch_k != batch or head_dim_k != head_dim:
-        raise ValueError(f"k must be (batch={batch}, seqlen_k, heads_kv, head_dim={head_dim}), got {tuple(k.shape)}")
+    if varlen:
+        (total_q, heads_q, head_dim), (total_k, heads_kv, head_dim_k) = q.shape, k.shape
+        batch = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, validate)
+        if head_dim_k != head_dim:
+            raise ValueError(f"k must be (total_k, heads_kv, head_dim={head_dim}), got {tuple(k.shape)}")
+    else:
+        for name, t in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+            if t is not None:
+                raise ValueError(
+                    f"{name} is accepted with cu_seqlens_q and cu_seqlens_k only on the SM90 FP8 path (varlen); "
+                    f"got it with 4-D q, k, v (Note [Varlen host checks])"
+                )
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
+        total_q, total_k = batch * seqlen_q, seqlen_k  # total_k: the most keys a row can see, as in varlen
+        if batch_k != batch or head_dim_k != head_dim:
+            raise ValueError(
+                f"k must be (batch={batch}, seqlen_k, heads_kv, head_dim={head_dim}), got {tuple(k.shape)}"
+            )
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} on the SM90 FP8 path, got {head_dim}")
     if heads_kv == 0 or heads_q % heads_kv != 0:
@@ -279,39 +396,58 @@ def flash_attn_fp8_sm90(
     )
     if tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
-    if stage.row_sum == "mma" and k.shape[1] > MMA_ROW_SUM_MAX_KEYS:
+    if stage.row_sum == "mma" and total_k > MMA_ROW_SUM_MAX_KEYS:
+        what = "total_k (varlen: the bound on every sequence's keys)" if varlen else "seqlen_k"
         raise ValueError(
-            f"row_sum='mma' is accepted for seqlen_k <= {MMA_ROW_SUM_MAX_KEYS} only "
-            f"(Note [MMA row sum at long rows]); got seqlen_k {k.shape[1]}: use row_sum='fadd'"
+            f"row_sum='mma' is accepted for {what} <= {MMA_ROW_SUM_MAX_KEYS} only "
+            f"(Note [MMA row sum at long rows]); got {what.split()[0]} {total_k}: use row_sum='fadd'"
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     config = KernelConfig(
-        head_dim=head_dim, qhead_per_kvhead=heads_q // heads_kv, causal=bool(causal), stage=stage, tile_n=tile_n
+        head_dim=head_dim,
+        qhead_per_kvhead=heads_q // heads_kv,
+        causal=bool(causal),
+        stage=stage,
+        tile_n=tile_n,
+        varlen=varlen,
+        seqused_q=seqused_q is not None,
+        seqused_k=seqused_k is not None,
     )
 
     from flash_attn.cute.testing import is_fake_mode
 
     row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
     # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum
-    # columns at out's last dimension, so out stays a contiguous (batch, seqlen_q, heads_q, head_dim) tensor.
-    out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    # columns at out's last dimension, so out stays a contiguous tensor of q's shape.
+    out = torch.empty(*q.shape[:-1], head_dim, dtype=torch.bfloat16, device=q.device)
+    lse_shape = (heads_q, total_q) if varlen else (batch, heads_q, seqlen_q)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if total_q == 0 or total_k == 0:  # FA4's rule (_flash_attn_fwd): no rows, or no key for any row
+        return out.zero_(), lse.fill_(-math.inf)
+    index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     fake = is_fake_mode()
     if fake:
-        from fa4_rowmax.stage.v_transpose import padded_keys
+        from fa4_rowmax.stage.v_transpose import padded_keys, varlen_vt_start
 
-        keys_padded = padded_keys(seqlen_k)
-        vt = torch.empty(batch, heads_kv, head_dim + row_sum_rows, keys_padded, dtype=v.dtype, device=v.device).permute(
-            0, 3, 1, 2
-        )
+        rows = head_dim + row_sum_rows
+        if varlen:
+            columns = varlen_vt_start(total_k, batch, tile_n)
+            vt = torch.empty(heads_kv, rows, columns, dtype=v.dtype, device=v.device).permute(2, 0, 1)
+        else:
+            keys_padded = padded_keys(seqlen_k)
+            vt = torch.empty(batch, heads_kv, rows, keys_padded, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2)
         descale = torch.empty(batch, heads_kv, 2, dtype=torch.float32, device=q.device) if has_descale else None
+    elif varlen:
+        from fa4_rowmax.stage.v_transpose import v_transpose_varlen
+
+        vt, descale = v_transpose_varlen(v, cu_seqlens_k, tile_n, *descales, row_sum_rows=row_sum_rows)
     else:
         from fa4_rowmax.stage.v_transpose import v_transpose
 
         vt, descale = v_transpose(v, *descales, row_sum_rows=row_sum_rows)
     if config not in _compile_cache:
-        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale)
+        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale, index)
     if fake:
         return out, lse
     from flash_attn.cute.utils import AuxData
@@ -325,10 +461,7 @@ def flash_attn_fp8_sm90(
         out,
         lse,
         float(softmax_scale),
-        None,
-        None,
-        None,
-        None,
+        *index,
         None,
         None,
         None,
@@ -348,7 +481,7 @@ def fp8_backend(softmax_mode: str = "rowmax_h15", **levers):
     ...); unknown names and modes raise here, not at the first call."""
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
-    fixed = {"q", "k", "v", "causal", "softmax_mode"}
+    fixed = {"q", "k", "v", "causal", "softmax_mode", *VARLEN_ARGS, "validate"}
     accepted = set(inspect.signature(flash_attn_fp8_sm90).parameters) - fixed
     unknown = sorted(set(levers) - accepted)
     if unknown:
@@ -378,10 +511,14 @@ def fa4_sm90_fp8_forward(
 ):
     """Routing entry for FA4's `_flash_attn_fwd` on SM90 with FP8 inputs; returns its 5-tuple (out, lse, None,
     None, None). `softmax_stage` is `fa4_rowmax.interface.SoftmaxStage` or None (exact); `features` maps FA4
-    argument names to their values, each refused unless stock (interface.FEATURE_STOCK_VALUES)."""
+    argument names to their values, each refused unless stock (interface.FEATURE_STOCK_VALUES) or one of
+    VARLEN_ARGS (`flash_attn_varlen_func`'s, passed on to `flash_attn_fp8_sm90`, which checks them)."""
     from fa4_rowmax.interface import refuse_untested_features
 
-    refuse_untested_features(features or {}, where="by the SM90 FP8 forward (fa4_rowmax.fp8_sm90)", accepted="")
+    features = features or {}
+    refuse_untested_features(
+        features, where="by the SM90 FP8 forward (fa4_rowmax.fp8_sm90)", accepted="", tested=VARLEN_ARGS
+    )
     knobs = {}
     mode = "exact"
     if softmax_stage is not None:
@@ -393,7 +530,17 @@ def fa4_sm90_fp8_forward(
             rescale_vote=softmax_stage.rescale_vote,
         )
     result_out, result_lse = flash_attn_fp8_sm90(
-        q, k, v, softmax_scale, causal, mode, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **knobs
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        mode,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        **{name: features.get(name) for name in VARLEN_ARGS},
+        **knobs,
     )
     if out is not None:
         out.copy_(result_out)

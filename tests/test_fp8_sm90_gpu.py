@@ -394,7 +394,7 @@ def test_fa4_routing_entry_refuses_non_stock_features():
     for features, match in (
         (dict(softcap=30.0), "softcap is not supported"),
         (dict(num_splits=4), "num_splits is not supported"),
-        (dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q is not supported"),
+        (dict(page_table=torch.zeros(1, 1, dtype=torch.int32)), "page_table is not supported"),
     ):
         with pytest.raises(ValueError, match=match):
             fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False, softmax_stage=None, features=features)
@@ -462,7 +462,7 @@ def test_mma_row_sum_is_refused_beyond_the_tested_length():
     "name, value",
     [
         ("window_size_left", 64),
-        ("cu_seqlens_q", torch.zeros(2, dtype=torch.int32)),
+        ("page_table", torch.zeros(1, 1, dtype=torch.int32)),
         ("num_splits", 4),
         ("learnable_sink", torch.zeros(2)),
     ],

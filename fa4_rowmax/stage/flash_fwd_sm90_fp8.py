@@ -12,10 +12,12 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
   descales (Note [Descales] in softmax_sm90_fp8.py).
 - `last_half_block_overlap`: with row_sum="mma", the row sums from O's extra column (Note [Row sum by the
   MMA] in softmax_sm90_fp8.py).
+- `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [V^T at FA4's padded offsets]).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
-warpgroups, epilogue) is FA4's. Supported: dense batches, head dim 64 and 128, causal (bottom-right) or
-not, GQA (pack_gqa), seqlens off the tile grid. The host entry is `fa4_rowmax.fp8_sm90`.
+warpgroups, epilogue) is FA4's. Supported: dense batches and varlen (cu_seqlens_q/k, seqused_q/k), head dim
+64 and 128, causal (bottom-right) or not, GQA (pack_gqa), seqlens off the tile grid. The host entry is
+`fa4_rowmax.fp8_sm90`.
 
 Note [FP8 kernel dtypes]
 ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -34,8 +36,22 @@ swizzle along them). FA4's `__call__` builds the shared layouts, then asks `_get
 storage, then builds the TMA atoms and launches with `self.sV_layout`; so the override sets V's layout there,
 before the storage and the TMA atom are made from it. FA4's `transpose_view(sV)` then gives the K-major
 (head_dim_v, tile_n) operand.
+
+Note [V^T at FA4's padded offsets]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A varlen V^T holds sequence b's keys from FA4's padded offset `padded_offset_k` with the kernel's tile_n, not
+from cu_seqlens_k[b] (Note [Varlen V^T], v_transpose.py). FA4's producer (`load`) offsets both K and V with
+`seqlen.offset_batch_K(mX, batch_idx, dim=3)` on the `SeqlenInfoQK` its `SeqlenInfoCls(batch_idx)` returns, and
+FA4's `offset_batch_K(..., padded=True)` already moves a tensor to `padded_offset_k`. So `load` hands FA4's
+producer a `SeqlenInfoCls` whose objects (`SeqlenInfoQKVt`, built with tile_n = self.tile_n) take the padded
+offset for the one tensor that is V^T (compared by identity at trace time, the tensor `load` was given) and
+FA4's offset for everything else; the rest of the producer, and the consumers (which never offset V), are
+FA4's. The seam records that it moved V^T, and the trace fails if FA4's producer stops offsetting V through it
+(tests/test_fp8_sm90_varlen.py also pins the FA4 lines it relies on).
 """
 
+from dataclasses import dataclass, fields
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Optional
 
@@ -53,6 +69,27 @@ from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90, F
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
+
+
+@dataclass(frozen=True)
+class SeqlenInfoQKVt(SeqlenInfoQK):
+    """FA4's `SeqlenInfoQK`, whose `offset_batch_K` moves the V^T tensor `vt` to FA4's padded offset (Note [V^T at
+    FA4's padded offsets]); `moved` (a list) records each such move at trace time."""
+
+    vt: Optional[cute.Tensor] = None
+    moved: Optional[list] = None
+
+    @staticmethod
+    def create(batch_idx, *, seqlen_info_cls: Callable, vt: cute.Tensor, tile_n: int, moved: list):
+        stock = seqlen_info_cls(batch_idx, tile_n=tile_n)
+        return SeqlenInfoQKVt(**{f.name: getattr(stock, f.name) for f in fields(SeqlenInfoQK)}, vt=vt, moved=moved)
+
+    def offset_batch_K(self, mK, batch_idx, dim, padded=False, ragged=False, multiple=1):
+        if const_expr(mK is self.vt and self.has_cu_seqlens_k):
+            assert not (padded or ragged) and multiple == 1, "V^T is offset once, at its padded start"
+            self.moved.append(dim)
+            padded = True
+        return super().offset_batch_K(mK, batch_idx, dim, padded=padded, ragged=ragged, multiple=multiple)
 
 
 class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
@@ -102,8 +139,8 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             raise TypeError("the output must be BFloat16")
         if const_expr(mLSE_type not in [None, Float32]):
             raise TypeError("LSE tensor must be Float32")
-        if const_expr(any(t is not None for t in index_types)):
-            raise TypeError("varlen, seqused and paged KV are not supported on the SM90 FP8 path")
+        if const_expr(any(t not in [None, Int32] for t in index_types)):
+            raise TypeError("cu_seqlens_q/k and seqused_q/k must be Int32")
 
     def _get_smem_layout_atom(self):
         # FA4 uses these atoms only to shape its cp.async / universal gmem copies of Q, K, V and O, which this
@@ -172,6 +209,60 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             sP: sP_struct
 
         return SharedStorageFp8
+
+    @cute.jit
+    def load(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        tma_atom_Q: Optional[cute.CopyAtom],
+        tma_atom_K: Optional[cute.CopyAtom],
+        tma_atom_V: Optional[cute.CopyAtom],
+        pipeline_k,
+        pipeline_v,
+        pipeline_q,
+        gmem_tiled_copy_Q: cute.TiledCopy,
+        mPageTable: Optional[cute.Tensor],
+        blocksparse_tensors,
+        block_info,
+        SeqlenInfoCls: Callable,
+        TileSchedulerCls: Callable,
+    ):
+        """FA4's producer; a varlen V^T (here mV) is read from FA4's padded offsets (Note [V^T at FA4's padded
+        offsets]). `SeqlenInfoCls` is FA4's partial of `SeqlenInfoQK.create`."""
+        moved = []
+        seqlen_info_vt = partial(
+            SeqlenInfoQKVt.create, seqlen_info_cls=SeqlenInfoCls, vt=mV, tile_n=self.tile_n, moved=moved
+        )
+        super().load(
+            mQ,
+            mK,
+            mV,
+            sQ,
+            sK,
+            sV,
+            tma_atom_Q,
+            tma_atom_K,
+            tma_atom_V,
+            pipeline_k,
+            pipeline_v,
+            pipeline_q,
+            gmem_tiled_copy_Q,
+            mPageTable,
+            blocksparse_tensors,
+            block_info,
+            seqlen_info_vt,
+            TileSchedulerCls,
+        )
+        if const_expr(SeqlenInfoCls.keywords["mCuSeqlensK"] is not None and not moved):
+            raise TypeError(
+                "FA4's producer no longer offsets V through SeqlenInfoQK.offset_batch_K: the varlen V^T seam "
+                "(Note [V^T at FA4's padded offsets]) must be ported"
+            )
 
     @cute.jit
     def load_tile_descale(self, softmax: Fp8SoftmaxSm90, mask_fn: Callable) -> None:
