@@ -449,7 +449,7 @@ def test_varlen_equals_the_batched_kernel_bit_for_bit(levers):
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 
     levers = dict(levers)
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv = 3, 300, 700, 8, 2
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = 3, 300, 600, 8, 2  # 1,800 keys: the MMA row sum takes them
     q, k, v, cu_q, cu_k = _varlen_inputs(5, (seqlen_q,) * batch, (seqlen_k,) * batch, heads_q, heads_kv, 128)
     dq, dk, dv = _descales(5, batch, heads_kv) if levers.pop("descales", False) else (None, None, None)
     common = dict(causal=True, q_descale=dq, k_descale=dk, v_descale=dv, **levers)
@@ -538,3 +538,37 @@ def test_flash_attn_varlen_func_routes_fp8_on_sm90(mode):
     assert out.dtype == torch.bfloat16 and torch.equal(out, direct_out) and torch.equal(lse, direct_lse)
     with pytest.raises(ValueError, match="window_size_left is not supported"):
         flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, window_size=(64, 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+def test_bf16_varlen_is_not_routed(monkeypatch):
+    """Only e4m3 inputs take the route: a BF16 varlen call runs FA4's own kernel (the FP8 entry, made to raise
+    here, is never reached), each sequence within FA4's derived bounds of the exact reference
+    (`kernel_bounds`, Note [Kernel vs reference: lattice flips])."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from fa4_rowmax import fp8_sm90
+    from fa4_rowmax.gates.tolerances import assert_within_bounds, kernel_bounds
+    from fa4_rowmax.reference.attention import attention_reference
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a BF16 call reached the SM90 FP8 route")
+
+    monkeypatch.setattr(fp8_sm90, "fa4_sm90_fp8_forward", refuse)
+    q, k, v, cu_q, cu_k = _varlen_inputs(4, LENGTHS_Q, LENGTHS_K, 8, 2, 128)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    with torch.no_grad():
+        out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    config = SoftmaxConfig()
+    ref_out, ref_lse = attention_reference(q, k, v, config, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(LENGTHS_Q)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if LENGTHS_Q[b] and LENGTHS_K[b]:
+            bounds = kernel_bounds(q[None, rows], k[None, keys], v[None, keys], config, causal=True)
+            assert_within_bounds(
+                out[None, rows], lse[None, :, rows], ref_out[None, rows], ref_lse[None, :, rows], bounds
+            )
