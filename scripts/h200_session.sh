@@ -18,7 +18,6 @@ python3 -m fa4_rowmax.patching apply >/dev/null
 FP8_BENCH_KERNELS="gemm_fp8 fa3_fp8 cudnn_fp8 fa4_stock_bf16 fa3_bf16 fa4_fp8_exact_n192 fa4_fp8_exact_n192_mma \
   fa4_fp8_exact_n192_b0.125 fa4_fp8_exact_n192_b0.25 fa4_fp8_h15_n192 fa4_fp8_h15_fold_n192 fa4_fp8_h15_sat_n192 \
   fa4_fp8_h15_fold_n192_mma fa4_fp8_exact_noexp_n192"
-FP8_EXTRA_TESTS=""
 case "$STEP" in
   bench)
     python3 -m bench --fp8 --seqlens 8K 16K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_focus \
@@ -39,8 +38,10 @@ case "$STEP" in
       --kernels $FP8_BENCH_KERNELS > "$OUT/bench_long.log" 2>&1
     tail -30 "$OUT/bench_long.log" ;;
   fp8tests)
-    timeout 420 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
-      $FP8_EXTRA_TESTS > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -6 "$OUT/pytest_gpu_fp8.log" ;;
+    timeout 180 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_varlen.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
+      > "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" 2>&1; tail -6 "$OUT/pytest_gpu_fp8_varlen_gates_hf.log"
+    timeout 360 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py > "$OUT/pytest_gpu_fp8.log" 2>&1
+    tail -6 "$OUT/pytest_gpu_fp8.log" ;;
   qualityfp8)
     timeout 280 python3 -m bench.quality --device cuda --compare-kernels --text-dir /tmp/devdata/python-doc \
       --blocks 16 --block-size 2048 --modes exact_bf16p exact_fp8 rowmax_h15_fp8 --time-budget-s 220 \
