@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from aiter_fused.launch import launch_for
+from aiter_fused.launch import Launch, launch_for
 from fa4_rowmax.reference.fused_softmax import (
     check_mx_format,
     check_recovery_threshold,
@@ -111,6 +111,7 @@ def _launch(
     tile_n,
     dot_mode,
     return_recoveries,
+    launch,
 ):
     """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
     import triton
@@ -128,7 +129,10 @@ def _launch(
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a finite positive number; got {softmax_scale}")
     _check_dot_mode(dot_mode)
-    arch, launch = launch_for(q.device)  # Note [Launch table]
+    if launch is not None and not isinstance(launch, Launch):
+        raise TypeError(f"launch must be None (the launch table's) or an aiter_fused.launch.Launch; got {launch!r}")
+    arch, table_launch = launch_for(q.device)  # Note [Launch table]
+    launch = table_launch if launch is None else launch
     dot_mode = _default_dot_mode(arch) if dot_mode is None else dot_mode
     if dot_mode not in launch.dot_modes:
         raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")
@@ -160,6 +164,12 @@ def _launch(
     p_max_bits = torch.tensor(p_spec.max_normal, dtype=torch.float32).view(torch.int32).item()
 
     block_m = launch.block_m
+    longest_stride = max(k_in.stride(0), v_in.stride(0))
+    if exact and launch.kv_tile_offsets and longest_stride * tile_n >= 2**31 > longest_stride:  # Note [KV addresses]
+        raise ValueError(
+            f"with exact=True, the k and v token strides times tile_n must stay below 2**31 (int32 tile "
+            f"offsets); got {longest_stride} * {tile_n}"
+        )
     grid = (triton.cdiv(max_seqlen_q, block_m), batch, heads_q)
     if q.shape[0] == 0:
         return out, lse, recoveries
@@ -203,6 +213,7 @@ def _launch(
         DOT_MODE=dot_mode,
         OPERAND_FORMAT=operand_format,
         RETURN_RECOVERIES=return_recoveries,
+        KV_TILE_OFFSETS=launch.kv_tile_offsets,
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits,
         P_MIN_EXPONENT=p_spec.min_normal_exponent,
@@ -228,6 +239,7 @@ def fused_softmax_attention(
     tile_n: Optional[int] = None,
     dot_mode: Optional[str] = None,
     return_recoveries: bool = False,
+    launch: Optional[Launch] = None,
 ):
     """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
     heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
@@ -236,7 +248,9 @@ def fused_softmax_attention(
     (int32, like lse) counts the recoveries per row. ``tile_n`` is the KV tile (the frozen max comes
     from the first one; None: the launch table's, 64 on gfx950/gfx942 and 128 elsewhere, Note [Launch
     table] in ``launch.py``); ``dot_mode`` picks the dot strategy, one of ``DOT_MODES`` (None: by
-    architecture; see the module docstring)."""
+    architecture; see the module docstring); ``launch`` replaces the launch table's entry for this call
+    (tuning: ``scripts/aiter_fused_h200_tune.py``; its ``block_m``, ``num_warps`` and ``num_stages`` change no
+    value, its ``tile_n`` is the default tile)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
@@ -262,6 +276,7 @@ def fused_softmax_attention(
         tile_n,
         dot_mode,
         return_recoveries,
+        launch,
     )
     out = out.reshape(batch, seqlen_q, heads_q, head_dim)
     lse = lse.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
@@ -290,11 +305,13 @@ def fused_softmax_attention_varlen(
     dot_mode: Optional[str] = None,
     return_recoveries: bool = False,
     validate: bool = True,
+    launch: Optional[Launch] = None,
 ):
     """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
     (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries
     like lse with ``return_recoveries=True``). ``max_seqlen_k`` is accepted for FlashAttention's
-    signature; the kernel reads the key lengths from ``cu_seqlens_k``.
+    signature; the kernel reads the key lengths from ``cu_seqlens_k``. ``launch`` as in
+    ``fused_softmax_attention``.
 
     ``validate=True`` checks the offsets' contents (start at 0, never decrease, end at the token
     counts, no query sequence longer than ``max_seqlen_q``): a host read of GPU data, so one sync per
@@ -332,6 +349,7 @@ def fused_softmax_attention_varlen(
         tile_n,
         dot_mode,
         return_recoveries,
+        launch,
     )
     result = (out, lse) if return_lse else (out,)
     if return_recoveries:

@@ -131,6 +131,7 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
             DOT_DTYPE=tl.bfloat16,
             OPERAND_FORMAT=_operand_format(config.mx_format, config.dot_mode is None, config.dot_mode or "bf16"),
             RETURN_RECOVERIES=False,
+            KV_TILE_OFFSETS=launch.kv_tile_offsets,
             P_MANTISSA=p["MANTISSA"],
             P_MIN_EXPONENT=p["MIN_EXPONENT"],
             P_MAX_NORMAL=p["MAX_NORMAL"],

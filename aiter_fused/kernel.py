@@ -70,8 +70,8 @@ Note [Where the time goes on Hopper]
 H200 bench of 2026-11-30 (``bench/results/h200_2026-11-30/full``; batch * seqlen = 32K, 16 heads,
 head_dim 128, BF16, seqlen 8K): default "fp8" mode 37.2 ms causal / 59.1 ms non-causal; the ``exact=True``
 twin 5.18 / 8.75 ms; FA4 1.60 / 3.01 ms. The MX quantization of Q/K/V (``quantize.py``) is ~3 % of a call
-(0.39 of 15.1 ms at batch 1, 8K, non-causal: numerics run): the fused kernel itself is ~7x its twin. By dot mode at mxfp8
-(``h200_2026-11-30/aiter_dot_modes``, 8K causal): "fp8" 0.048x FA4, "bf16" 0.071x, "scaled" (Triton's
+(0.39 of 15.1 ms at batch 1, 8K, non-causal: numerics run): the fused kernel itself is ~7x its twin. By dot
+mode at mxfp8 (``h200_2026-11-30/aiter_dot_modes``, 8K causal): "fp8" 0.048x FA4, "bf16" 0.071x, "scaled" (Triton's
 emulated ``tl.dot_scaled``, which upcasts to BF16 inside its own layout) 0.104x, so the FP8 tensor cores
 buy nothing here: the CUDA-core work around them decides.
 
@@ -95,6 +95,18 @@ saturates) does ``_round_to_element``'s work in one instruction (Triton's interp
 differently, so only a GPU test can hold it to ``mx.py``); tile and warp tuning (the twin is 3.2x
 slower than FA4).
 
+Read off the sm_90a SASS instead (``python -m aiter_fused.compile_sm90``, which compiles with the values a call
+passes; ``docs/aiter_h200.md``), the main loop of that launch (BLOCK_M 64, 4 warps, tile 128, 3 stages: 64
+scores per thread and tile) cost 16.9 (non-causal) / 19.0 (causal) instructions per score element in the exact
+twin, with 64-72 bytes of spills, against FA4 stock's 7.4; "bf16" 85, "scaled" 73-75, "fp8" 136-140 (0.9-1 KB
+of spills). The twin's excess was the mask (selects and compares on every tile), the scale as its own multiply
+and select before the exp2, and 64-bit address arithmetic per load; on top, 208 KB of shared memory and 255
+registers left one 4-warp program per SM: one warp per scheduler, nothing to hide latency with and no
+second warpgroup to run its softmax while the tensor cores work. Note [Unmasked and masked KV loops], Note
+[Exact twin: scale folded into exp2], Note [KV addresses] and the launch table's sm90 entry (BLOCK_M 128 over
+8 warps, two warpgroups of 64 rows) take the twin to 8.3 / 8.6 with no spills, the MX modes to 64-66
+("bf16", 104-144 bytes of spills), 53 ("scaled", 8-64) and 120 ("fp8", 200-232).
+
 Note [Kernel rounding vs the reference]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The element rounding (round to nearest even via the ``1.5 * 2**23`` addition) and the RCEIL scale
@@ -103,6 +115,47 @@ same input; the Schraudolph bits use the same single rounding. The scores differ
 reference's by the fp32 summation order of the dots, so a score near a rounding boundary can move
 one element of P by one step: kernel and reference agree "to rounding", not bit for bit.
 One difference in sign only: a negative value that rounds to zero is +0 here, -0 in ``mx.py``.
+
+Note [Unmasked and masked KV loops]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A program's KV tiles split at ``unmasked_end``: every tile below it holds only keys that every row of the
+block sees (inside the sequence and, causal, at or left of the block's first row's diagonal), so its scores
+need no mask; the tiles from there to ``kv_end`` (the causal diagonal band, the sequence's partial last tile)
+are masked as before. One loop body runs over the two ranges, unmasked first, with ``masked`` a compile-time
+0 / 1 (FlashAttention's and Triton's fused-attention tutorial's split of the causal band). ``unmasked_end``
+is a multiple of ``BLOCK_N``, so the tiles and their order are the single loop's: the first tile (which sets
+the frozen max) and every tile's recovery decision are unchanged, and so are the values of "scaled", the MX
+mode that splits (its main loop keeps the same FFMA, FMUL and FADD counts on sm_90 and gfx950; only selects
+and compares left). Query
+rows past the sequence (``row_ok`` false) get unmasked scores instead of -inf in the unmasked loop: they are
+never stored, and no row's values depend on another row's. The exact twin also loads K and V unmasked there.
+The "fp8" and "bf16" modes keep the single masked loop: two copies of their large loop bodies outgrow the
+registers. "fp8" at the sm90 launch spills 2 KB instead of 0.2 KB (148 instructions per score instead of 120,
+``compile_sm90``); "bf16", gfx942's default, spills 44-49 VGPRs instead of 0-2 there (compile audit, head dim
+128) and 292-319 instead of 167-168 on gfx950. The exact twin and "scaled" gain without new spills (sm_90: 8.3
+vs 11.9 and 53 vs 58-60 per score; gfx950 main-loop VALU 544 vs 831 and 1,397 vs 1,555).
+
+Note [Exact twin: scale folded into exp2]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The exact twin keeps the raw scores ``s`` and scales inside the exponent: per row ``m = max(m, max(s) * scale)``,
+per element ``p = exp2(s * scale - m)``: one FFMA on a GPU (Triton's default fp fusion) instead of a multiply
+and a subtract (``x = s * scale``, then ``x - m``). ``max(s) * scale == max(s * scale)``:
+multiplying by a positive constant and rounding keep the order, and -inf stays -inf. The fused argument is
+rounded once instead of twice, so it moves by at most half an ulp of ``s * scale`` and P by a relative
+``ln 2 * 2**-24 * |s * scale|``, below 2**-17 for arguments under 64, against BF16 P's 2**-9 rounding (the
+interpreter still rounds twice). Only the exact twin folds: the MX modes' Schraudolph argument stays ``x - m``
+with ``x = s * scale`` rounded first, as ``fa4_rowmax.reference.fused_softmax`` computes it.
+
+Note [KV addresses]
+~~~~~~~~~~~~~~~~~~~
+With ``KV_TILE_OFFSETS`` (the launch table's ``kv_tile_offsets``) the exact twin addresses a K or V tile as one
+64-bit base per tile (``k_start + n_start`` rows in) plus loop-invariant int32 offsets inside the tile, where
+otherwise each element's row index is widened to 64 bits and multiplied by the stride: on sm_90 2 instructions
+(a 64-bit add) per 16-byte ``cp.async`` instead of ~6, 32 instead of 96 per tile and thread at BLOCK_N 128 over
+8 warps (1.1 per score). The offsets stay below ``BLOCK_N * stride``, which ``attention._launch`` checks fits
+int32. gfx950 and gfx942 keep the per-element form: the compile audit compiles with unspecialized strides,
+where the loads are not vectorized and the hoisted offsets (one per element) cost 76-122 VGPR spills at head
+dim 128 (compiled with a call's values, ``compile_sm90``'s way, neither form spills there).
 """
 
 import triton
@@ -235,12 +288,15 @@ def _schraudolph_p(x, m):
 
 
 @triton.jit
-def _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL: tl.constexpr):
-    """Scores in log2 units, -inf where the key is past the sequence or causally masked."""
+def _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Raw scores, -inf where the key is past the sequence or causally masked; unchanged in the tiles of
+    the unmasked loop (Note [Unmasked and masked KV loops])."""
+    if not MASKED:
+        return s
     visible = row_ok[:, None] & (keys < seqlen_k)[None, :]
     if CAUSAL:  # bottom-right aligned: row i sees keys j <= i + seqlen_k - seqlen_q
         visible = visible & (keys[None, :] <= offs_m[:, None] + seqlen_k - seqlen_q)
-    return tl.where(visible, s * scale_log2, float("-inf"))
+    return tl.where(visible, s, float("-inf"))
 
 
 @triton.jit
@@ -285,6 +341,7 @@ def _fused_softmax_attn_fwd(
     DOT_DTYPE: tl.constexpr,
     OPERAND_FORMAT: tl.constexpr,
     RETURN_RECOVERIES: tl.constexpr,
+    KV_TILE_OFFSETS: tl.constexpr,
     P_MANTISSA: tl.constexpr,
     P_MIN_EXPONENT: tl.constexpr,
     P_MAX_NORMAL: tl.constexpr,
@@ -296,7 +353,8 @@ def _fused_softmax_attn_fwd(
     that the FP8 path can take it transposed. EXACT: the same loop with online softmax and exact exp2
     on the unquantized BF16 operands (the like-for-like baseline); DOT_MODE: Note [MX dots, per
     architecture]; OPERAND_FORMAT: the "scaled" mode's Q/K/V format, "e4m3" (container) or "e2m1"
-    (packed, quantize.py's Note [Packed e2m1])."""
+    (packed, quantize.py's Note [Packed e2m1]); KV_TILE_OFFSETS: the exact twin's K/V addressing (Note [KV
+    addresses]), from the launch table."""
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head_q = tl.program_id(2)
@@ -343,158 +401,176 @@ def _fused_softmax_attn_fwd(
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     recoveries = tl.zeros((BLOCK_M,), tl.int32)
 
-    kv_end = seqlen_k
+    kv_end = seqlen_k  # keys past it are invisible to every row of the block
+    visible_end = seqlen_k  # keys before it are visible to every row of the block
     if CAUSAL:
         kv_end = tl.minimum(seqlen_k, (block_m + 1) * BLOCK_M + seqlen_k - seqlen_q)
+        visible_end = tl.minimum(seqlen_k, block_m * BLOCK_M + seqlen_k - seqlen_q + 1)
+    unmasked_end = 0  # "bf16", "fp8": every tile in the masked loop (Note [Unmasked and masked KV loops])
+    if EXACT or DOT_MODE == "scaled":
+        unmasked_end = tl.maximum(visible_end, 0) // BLOCK_N * BLOCK_N
     v_block0 = tl.load(cu_blocks_k + seq)
     k_head = K + head_k * stride_kh
     v_head = V + head_k * stride_vh
     v_scale_head = V_scale + head_k * stride_vsh
-    for n_start in range(0, kv_end, BLOCK_N):
-        if EXACT:
-            keys = n_start + offs_n
-            k_rows = (k_start + keys).to(tl.int64)
-            k = tl.load(
-                k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=(keys < seqlen_k)[None, :], other=0.0
-            )
-            v = tl.load(
-                v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                mask=(keys < seqlen_k)[:, None],
-                other=0.0,
-            )
-            x = _visible_scores(
-                tl.dot(q, k.to(DOT_DTYPE)), scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL
-            )
-            m_new = tl.maximum(m, tl.max(x, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            p = tl.exp2(x - m_safe[:, None])
-            row_sum = row_sum * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16).to(DOT_DTYPE), v.to(DOT_DTYPE))
-            m = m_new
-        elif DOT_MODE == "fp8":
-            # Scores of the tile, one 32-key sub-tile at a time, each the sum of HEAD_DIM / 32 scaled
-            # FP8 dots (Note [MX dots, per architecture]).
-            x_blocks = ()
-            tile_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            for b in tl.static_range(BLOCK_N // 32):
-                keys = n_start + 32 * b + offs_b
+    # Note [Unmasked and masked KV loops]
+    for masked in tl.static_range(2):  # 0: the unmasked loop, 1: the masked one
+        lo = unmasked_end if masked else 0
+        hi = kv_end if masked else unmasked_end
+        for n_start in range(lo, hi, BLOCK_N):
+            if EXACT:
+                keys = n_start + offs_n
+                if KV_TILE_OFFSETS:  # Note [KV addresses]
+                    k_tile = k_head + (k_start + n_start).to(tl.int64) * stride_kt
+                    v_tile = v_head + (k_start + n_start).to(tl.int64) * stride_vt
+                    k_ptrs = k_tile + (offs_n[None, :] * stride_kt + offs_d[:, None])
+                    v_ptrs = v_tile + (offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd)
+                else:
+                    k_rows = (k_start + keys).to(tl.int64)
+                    k_ptrs = k_head + k_rows[None, :] * stride_kt + offs_d[:, None]
+                    v_ptrs = v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd
+                if masked:
+                    k = tl.load(k_ptrs, mask=(keys < seqlen_k)[None, :], other=0.0)
+                    v = tl.load(v_ptrs, mask=(keys < seqlen_k)[:, None], other=0.0)
+                else:
+                    k = tl.load(k_ptrs)
+                    v = tl.load(v_ptrs)
+                s = _masked_scores(tl.dot(q, k.to(DOT_DTYPE)), offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL)
+                # Note [Exact twin: scale folded into exp2]
+                m_new = tl.maximum(m, tl.max(s, axis=1) * scale_log2)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m - m_safe)
+                p = tl.exp2(s * scale_log2 - m_safe[:, None])
+                row_sum = row_sum * alpha + tl.sum(p, axis=1)
+                acc = tl.dot(p.to(tl.bfloat16).to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None])
+                m = m_new
+            elif DOT_MODE == "fp8":
+                # Scores of the tile, one 32-key sub-tile at a time, each the sum of HEAD_DIM / 32 scaled
+                # FP8 dots (Note [MX dots, per architecture]).
+                x_blocks = ()
+                tile_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                for b in tl.static_range(BLOCK_N // 32):
+                    keys = n_start + 32 * b + offs_b
+                    key_ok = keys < seqlen_k
+                    k_rows = (k_start + keys).to(tl.int64)
+                    s = tl.zeros((BLOCK_M, 32), tl.float32)
+                    for c in tl.static_range(HEAD_DIM // 32):
+                        k_chunk = tl.load(
+                            k_head + k_rows[None, :] * stride_kt + (32 * c + offs_b)[:, None],
+                            mask=key_ok[None, :],
+                            other=0.0,
+                        )  # [32 head-dim lanes, 32 keys]
+                        k_factor = _scale_byte_factor(
+                            tl.load(K_scale + k_rows * stride_kst + head_k * stride_ksh + c, mask=key_ok, other=127)
+                        )
+                        s += (q_factors[c][:, None] * k_factor[None, :]) * tl.dot(q_chunks[c], k_chunk)
+                    x = _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL) * scale_log2
+                    tile_max = tl.maximum(tile_max, tl.max(x, axis=1))
+                    x_blocks = x_blocks + (x,)
+                m, acc, row_sum, recoveries = _frozen_max_step(
+                    m, tile_max, acc, row_sum, recoveries, recovery_threshold
+                )
+                # Note [Two-stage P and the row sum], one MX block of P per sub-tile. The row sum adds the
+                # block's elements and then scales (exact: at most 32 * 448 in steps of 2**-9).
+                for b in tl.static_range(BLOCK_N // 32):
+                    p_elements, p_exponent = _quantize_p_block(
+                        _schraudolph_p(x_blocks[b], m),
+                        P_MANTISSA,
+                        P_MIN_EXPONENT,
+                        P_MAX_NORMAL,
+                        P_MAX_MANTISSA_BITS,
+                        P_MAX_EXPONENT,
+                    )
+                    p_factor = _e8m0_factor(p_exponent)
+                    row_sum += tl.sum(p_elements, axis=1) * p_factor
+                    keys = n_start + 32 * b + offs_b
+                    v_chunk = tl.load(
+                        v_head + (k_start + keys).to(tl.int64)[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=(keys < seqlen_k)[:, None],
+                        other=0.0,
+                    )
+                    v_block = v_block0 + (n_start + 32 * b) // 32
+                    block_ok = tl.full((HEAD_DIM,), n_start + 32 * b, tl.int32) < seqlen_k
+                    v_factor = _scale_byte_factor(
+                        tl.load(v_scale_head + v_block.to(tl.int64) * stride_vsb + offs_d, mask=block_ok, other=127)
+                    )
+                    acc += (p_factor[:, None] * v_factor[None, :]) * tl.dot(p_elements.to(tl.float8e4nv), v_chunk)
+            else:
+                keys = n_start + offs_n
                 key_ok = keys < seqlen_k
                 k_rows = (k_start + keys).to(tl.int64)
-                s = tl.zeros((BLOCK_M, 32), tl.float32)
-                for c in tl.static_range(HEAD_DIM // 32):
-                    k_chunk = tl.load(
-                        k_head + k_rows[None, :] * stride_kt + (32 * c + offs_b)[:, None],
+                if OPERAND_FORMAT == "e2m1":  # head_dim pairs and key pairs in one byte (Note [Packed e2m1])
+                    pairs = tl.arange(0, BLOCK_N // 2)
+                    k = tl.load(
+                        k_head + k_rows[None, :] * stride_kt + tl.arange(0, HEAD_DIM // 2)[:, None],
                         mask=key_ok[None, :],
+                        other=0,
+                    )  # [HEAD_DIM / 2, BLOCK_N]
+                    v_rows = (v_block0 * 16 + n_start // 2 + pairs).to(tl.int64)  # by block: 16 rows a block
+                    v = tl.load(
+                        v_head + v_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=(n_start + 2 * pairs < seqlen_k)[:, None],
+                        other=0,
+                    )  # [BLOCK_N / 2, HEAD_DIM]
+                else:
+                    k = tl.load(
+                        k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :], other=0.0
+                    )  # [HEAD_DIM, BLOCK_N]
+                    v = tl.load(
+                        v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=key_ok[:, None],
                         other=0.0,
-                    )  # [32 head-dim lanes, 32 keys]
-                    k_factor = _scale_byte_factor(
-                        tl.load(K_scale + k_rows * stride_kst + head_k * stride_ksh + c, mask=key_ok, other=127)
+                    )  # [BLOCK_N, HEAD_DIM]
+                if DOT_MODE == "scaled":
+                    k_scale = tl.load(
+                        K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
+                        mask=key_ok[:, None],
+                        other=127,
                     )
-                    s += (q_factors[c][:, None] * k_factor[None, :]) * tl.dot(q_chunks[c], k_chunk)
-                x = _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL)
-                tile_max = tl.maximum(tile_max, tl.max(x, axis=1))
-                x_blocks = x_blocks + (x,)
-            m, acc, row_sum, recoveries = _frozen_max_step(m, tile_max, acc, row_sum, recoveries, recovery_threshold)
-            # Note [Two-stage P and the row sum], one MX block of P per sub-tile. The row sum adds the
-            # block's elements and then scales (exact: at most 32 * 448 in steps of 2**-9).
-            for b in tl.static_range(BLOCK_N // 32):
-                p_elements, p_exponent = _quantize_p_block(
-                    _schraudolph_p(x_blocks[b], m),
+                    s = tl.dot_scaled(q, q_scale, OPERAND_FORMAT, k, k_scale, OPERAND_FORMAT)
+                else:
+                    k_scale = tl.load(
+                        K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh + (offs_d // 32)[:, None],
+                        mask=key_ok[None, :],
+                        other=127,
+                    )
+                    s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
+                x = _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL) * scale_log2
+                m, acc, row_sum, recoveries = _frozen_max_step(
+                    m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
+                )
+                # Note [Two-stage P and the row sum]
+                p_elements, p_exponent = _quantize_p(
+                    _schraudolph_p(x, m),
+                    BLOCK_M,
+                    BLOCK_N,
                     P_MANTISSA,
                     P_MIN_EXPONENT,
                     P_MAX_NORMAL,
                     P_MAX_MANTISSA_BITS,
                     P_MAX_EXPONENT,
                 )
-                p_factor = _e8m0_factor(p_exponent)
-                row_sum += tl.sum(p_elements, axis=1) * p_factor
-                keys = n_start + 32 * b + offs_b
-                v_chunk = tl.load(
-                    v_head + (k_start + keys).to(tl.int64)[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                    mask=(keys < seqlen_k)[:, None],
-                    other=0.0,
-                )
-                v_block = v_block0 + (n_start + 32 * b) // 32
-                block_ok = tl.full((HEAD_DIM,), n_start + 32 * b, tl.int32) < seqlen_k
-                v_factor = _scale_byte_factor(
-                    tl.load(v_scale_head + v_block.to(tl.int64) * stride_vsb + offs_d, mask=block_ok, other=127)
-                )
-                acc += (p_factor[:, None] * v_factor[None, :]) * tl.dot(p_elements.to(tl.float8e4nv), v_chunk)
-        else:
-            keys = n_start + offs_n
-            key_ok = keys < seqlen_k
-            k_rows = (k_start + keys).to(tl.int64)
-            if OPERAND_FORMAT == "e2m1":  # head_dim pairs and key pairs in one byte (Note [Packed e2m1])
-                pairs = tl.arange(0, BLOCK_N // 2)
-                k = tl.load(
-                    k_head + k_rows[None, :] * stride_kt + tl.arange(0, HEAD_DIM // 2)[:, None],
-                    mask=key_ok[None, :],
-                    other=0,
-                )  # [HEAD_DIM / 2, BLOCK_N]
-                v_rows = (v_block0 * 16 + n_start // 2 + pairs).to(tl.int64)  # by block: 16 rows a block
-                v = tl.load(
-                    v_head + v_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                    mask=(n_start + 2 * pairs < seqlen_k)[:, None],
-                    other=0,
-                )  # [BLOCK_N / 2, HEAD_DIM]
-            else:
-                k = tl.load(
-                    k_head + k_rows[None, :] * stride_kt + offs_d[:, None], mask=key_ok[None, :], other=0.0
-                )  # [HEAD_DIM, BLOCK_N]
-                v = tl.load(
-                    v_head + k_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=key_ok[:, None], other=0.0
-                )  # [BLOCK_N, HEAD_DIM]
-            if DOT_MODE == "scaled":
-                k_scale = tl.load(
-                    K_scale + k_rows[:, None] * stride_kst + head_k * stride_ksh + offs_ds[None, :],
-                    mask=key_ok[:, None],
-                    other=127,
-                )
-                s = tl.dot_scaled(q, q_scale, OPERAND_FORMAT, k, k_scale, OPERAND_FORMAT)
-            else:
-                k_scale = tl.load(
-                    K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh + (offs_d // 32)[:, None],
-                    mask=key_ok[None, :],
-                    other=127,
-                )
-                s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
-            x = _visible_scores(s, scale_log2, offs_m, keys, row_ok, seqlen_q, seqlen_k, CAUSAL)
-            m, acc, row_sum, recoveries = _frozen_max_step(
-                m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
-            )
-            # Note [Two-stage P and the row sum]
-            p_elements, p_exponent = _quantize_p(
-                _schraudolph_p(x, m),
-                BLOCK_M,
-                BLOCK_N,
-                P_MANTISSA,
-                P_MIN_EXPONENT,
-                P_MAX_NORMAL,
-                P_MAX_MANTISSA_BITS,
-                P_MAX_EXPONENT,
-            )
-            p_values = _dequantize_p(p_elements, p_exponent, BLOCK_M, BLOCK_N)
-            row_sum += tl.sum(p_values, axis=1)
-            if DOT_MODE == "scaled":
-                block_keys = n_start + 32 * tl.arange(0, BLOCK_N // 32)
-                v_blocks = v_block0 + block_keys // 32
-                v_scale = tl.load(
-                    v_scale_head + v_blocks[None, :].to(tl.int64) * stride_vsb + offs_d[:, None],
-                    mask=(block_keys < seqlen_k)[None, :],
-                    other=127,
-                )
-                p_scale = (p_exponent + 127).to(tl.uint8)
-                acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
-            else:
-                v_blocks = v_block0 + keys // 32
-                v_scale = tl.load(
-                    v_scale_head + v_blocks[:, None].to(tl.int64) * stride_vsb + offs_d[None, :],
-                    mask=key_ok[:, None],
-                    other=127,
-                )
-                v_values = _dequantize(v, v_scale).to(tl.bfloat16).to(DOT_DTYPE)
-                acc = tl.dot(p_values.to(tl.bfloat16).to(DOT_DTYPE), v_values, acc)
+                p_values = _dequantize_p(p_elements, p_exponent, BLOCK_M, BLOCK_N)
+                row_sum += tl.sum(p_values, axis=1)
+                if DOT_MODE == "scaled":
+                    block_keys = n_start + 32 * tl.arange(0, BLOCK_N // 32)
+                    v_blocks = v_block0 + block_keys // 32
+                    v_scale = tl.load(
+                        v_scale_head + v_blocks[None, :].to(tl.int64) * stride_vsb + offs_d[:, None],
+                        mask=(block_keys < seqlen_k)[None, :],
+                        other=127,
+                    )
+                    p_scale = (p_exponent + 127).to(tl.uint8)
+                    acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
+                else:
+                    v_blocks = v_block0 + keys // 32
+                    v_scale = tl.load(
+                        v_scale_head + v_blocks[:, None].to(tl.int64) * stride_vsb + offs_d[None, :],
+                        mask=key_ok[:, None],
+                        other=127,
+                    )
+                    v_values = _dequantize(v, v_scale).to(tl.bfloat16).to(DOT_DTYPE)
+                    acc = tl.dot(p_values.to(tl.bfloat16).to(DOT_DTYPE), v_values, acc)
 
     empty = row_sum == 0.0
     out = acc / tl.where(empty, 1.0, row_sum)[:, None]

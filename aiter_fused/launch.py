@@ -19,9 +19,18 @@ Note [Launch table]
   waves computed the same QK^T and softmax). gfx942 (MI300X) takes the same values; it has no scaled
   MFMA and Triton 3.6 cannot lower ``tl.dot_scaled`` for it ("Unsupported DotScaleOp"), so ``dot_modes``
   leaves "scaled" out there and the dispatcher refuses it with a ValueError instead of a compiler crash.
-- Everything else (the H200 and other NVIDIA GPUs, whose values were tuned with the H200 runs of
-  2026-11-30, and other AMD GPUs) keeps BLOCK_M 64, 4 warps, tile 128; Triton's CPU interpreter uses
-  BLOCK_M 16 (speed of the tests only).
+- sm90 (H200, H100): BLOCK_M 128 over 8 warps, tile 128 (unchanged, so every mode's default values are),
+  3 stages: Triton's fused-attention tutorial's Hopper shape. Each of the two warpgroups owns 64 rows (one
+  m64n128 wgmma row block), so the scheduler has two warps to issue from where BLOCK_M 64 over 4 warps (the
+  previous value, still ``default``) left one, and a second warpgroup's softmax can run while the first's
+  GEMMs do. K and V take 3 x 64 KB of shared memory with Q's 32 KB (224 of the 227 KB an H200 block may use)
+  and the exact twin 255 registers with no spills (``python -m aiter_fused.compile_sm90``); 2 stages spill
+  16 bytes. ``kv_tile_offsets`` (Note [KV addresses] in ``kernel.py``) only there. The candidates and the
+  measured choice: ``scripts/aiter_fused_h200_tune.py``, ``docs/aiter_h200.md``.
+- Everything else (other NVIDIA GPUs, other AMD GPUs) keeps BLOCK_M 64, 4 warps, tile 128 and Triton's
+  default stages (3 on CUDA); Triton's CPU interpreter uses BLOCK_M 16 (speed of the tests only).
+- ``num_stages`` is the depth of the KV loads' software pipeline (buffers in shared memory); 0 leaves
+  Triton's default, which is what gfx950 and gfx942 compile with.
 """
 
 import dataclasses
@@ -38,12 +47,17 @@ class Launch:
     tile_n: int
     waves_per_eu: int = 0  # AMD only; 0: the compiler's choice
     dot_modes: tuple[str, ...] = ("bf16", "fp8", "scaled")  # the dot modes that compile there
+    num_stages: int = 0  # software-pipelining depth of the KV loads; 0: Triton's default
+    kv_tile_offsets: bool = False  # the exact twin's K/V addresses: Note [KV addresses] in kernel.py
 
     def options(self, arch: str) -> dict:
-        """Triton launch/compile options (``waves_per_eu`` only where Triton's HIP backend takes it)."""
+        """Triton launch/compile options (``waves_per_eu`` only where Triton's HIP backend takes it,
+        ``num_stages`` only where set)."""
         options = {"num_warps": self.num_warps}
         if arch.startswith("gfx") and self.waves_per_eu:
             options["waves_per_eu"] = self.waves_per_eu
+        if self.num_stages:
+            options["num_stages"] = self.num_stages
         return options
 
 
@@ -51,6 +65,7 @@ class Launch:
 LAUNCHES = {
     "gfx950": Launch(block_m=128, num_warps=4, tile_n=64),
     "gfx942": Launch(block_m=128, num_warps=4, tile_n=64, dot_modes=("bf16", "fp8")),
+    "sm90": Launch(block_m=128, num_warps=8, tile_n=128, num_stages=3, kv_tile_offsets=True),
     "default": Launch(block_m=64, num_warps=4, tile_n=128),
     "interpreter": Launch(block_m=16, num_warps=4, tile_n=128),
 }

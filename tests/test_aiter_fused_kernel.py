@@ -216,6 +216,54 @@ def test_exact_build_is_bf16_attention():
     assert (lse.double().cpu() - s.logsumexp(-1)).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k,causal,tile_n",
+    [
+        (48, 100, True, 32),  # more keys than queries: unmasked tiles, then the diagonal band
+        (70, 40, True, 32),  # fewer: the first 30 rows see no key, the first blocks have no unmasked tile
+        (64, 64, False, 32),  # aligned: no masked tile at all
+        (50, 77, False, 64),  # a partial last tile
+    ],
+)
+@pytest.mark.parametrize("kv_tile_offsets", [False, True])
+def test_exact_twin_unmasked_and_masked_loops(seqlen_q, seqlen_k, causal, tile_n, kv_tile_offsets):
+    """Note [Unmasked and masked KV loops], Note [Exact twin: scale folded into exp2] and both forms of Note [KV
+    addresses] in kernel.py: the exact twin against float64 softmax attention wherever the split falls (BLOCK_M
+    16), with the bounds of test_exact_build_is_bf16_attention; fully masked rows give 0 and an LSE of -inf."""
+    from aiter_fused.launch import Launch
+
+    gen = torch.Generator().manual_seed(18)
+    q = _randn(2, seqlen_q, 2, 64, gen=gen)
+    k, v = _randn(2, seqlen_k, 2, 64, gen=gen), _randn(2, seqlen_k, 2, 64, gen=gen)
+    launch = Launch(block_m=16, num_warps=4, tile_n=tile_n, kv_tile_offsets=kv_tile_offsets)
+    out, lse = fused_softmax_attention(q, k, v, causal=causal, exact=True, launch=launch)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double().cpu(), k.double().cpu()) / 8.0
+    if causal:
+        s = s.masked_fill(
+            torch.arange(seqlen_k)[None, :] > torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q, -math.inf
+        )
+    seen = torch.isfinite(s).any(-1)  # (b, h, q)
+    ref = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1).nan_to_num(0.0), v.double().cpu())
+    assert ((out.double().cpu() - ref).norm() / ref.norm()) < 6e-3
+    assert torch.equal(torch.isfinite(lse.cpu()), seen) and torch.all(out.cpu().transpose(1, 2)[~seen] == 0)
+    assert (lse.double().cpu()[seen] - s.logsumexp(-1)[seen]).abs().max() < 1e-4
+
+
+def test_launch_override_changes_no_value():
+    """``launch=`` (the tuning script's candidates): BLOCK_M, warps and stages change no value; its tile_n is
+    the default tile. Outputs within one BF16 step, LSE to fp32 rounding (the dots' shapes differ)."""
+    from aiter_fused.launch import Launch
+
+    gen = torch.Generator().manual_seed(19)
+    q, k, v = _randn(1, 40, 2, 64, gen=gen), _randn(1, 90, 2, 64, gen=gen), _randn(1, 90, 2, 64, gen=gen)
+    for exact, dot_mode in ((True, None), (False, "bf16")):
+        out, lse = fused_softmax_attention(q, k, v, causal=True, exact=exact, dot_mode=dot_mode, tile_n=32)
+        other = Launch(block_m=32, num_warps=8, tile_n=32, num_stages=2, kv_tile_offsets=True)
+        out2, lse2 = fused_softmax_attention(q, k, v, causal=True, exact=exact, dot_mode=dot_mode, launch=other)
+        torch.testing.assert_close(out2.float(), out.float(), rtol=2**-8, atol=0)
+        torch.testing.assert_close(lse2, lse, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ADVERSARIAL)
 def test_kernel_never_misses_a_recovery(name):
     """FP8 path, tile_n 64: a tile max taken over two 32-key sub-tiles must see every late score."""
@@ -262,6 +310,8 @@ def test_bad_arguments():
         fused_softmax_attention(q, q, q, tile_n=48)
     with pytest.raises(ValueError, match="dot_mode"):
         fused_softmax_attention(q, q, q, dot_mode="fp16")
+    with pytest.raises(TypeError, match="launch must be None"):
+        fused_softmax_attention(q, q, q, launch="sm90")
     cu = torch.tensor([0, 8], dtype=torch.int64, device=DEVICE)
     with pytest.raises(TypeError, match="cu_seqlens_q"):
         fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8)
@@ -286,7 +336,7 @@ _SM90_COMPILE = textwrap.dedent(r"""
     for mode in ("fp8", "bf16"):
         constants = dict(GROUP=2, HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, EXACT=False, DOT_MODE=mode,
                          OPERAND_FORMAT="e4m3", DOT_DTYPE=tl.bfloat16, RETURN_RECOVERIES=True, P_MANTISSA=3, P_MIN_EXPONENT=0,
-                         P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2)
+                         P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2, KV_TILE_OFFSETS=False)
         signature = {name: pointers.get(name, "constexpr" if name in constants else
                                         "fp32" if name in ("scale_log2", "recovery_threshold") else "i32")
                      for name in kernel.arg_names}
