@@ -3,6 +3,7 @@ differ only in rounding (the reference in fp32 and in fp64) stay within the per-
 tight enough that wrong implementations (another mode, another threshold, a swapped V row) break them."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -158,3 +159,38 @@ def test_fp8_bounds_cover_the_exp2_emulation(monkeypatch):
         out_bound, lse_bound = fp8_kernel_bounds(q, k, v, dataclasses.replace(config, beta=beta), True)
         assert (out_err <= out_bound).all()
         assert bool((lse_err <= lse_bound[finite]).all()) == covered, beta
+
+
+def test_fp8_bounds_cover_the_h15_byte4_rule(monkeypatch):
+    """Note [FP8 kernel vs reference bounds], byte-4 rule: with one key 14.43 octaves above 127 others (one tile) (H15
+    weight 1.5 * 2^-7 at max_offset 8), the kernel's 2^-7 per element moves the LSE by ~127 2^-15 where the
+    reference flushes them; a model of that stays within the bounds, and beyond them without the band term."""
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+    from fa4_rowmax.reference import attention as reference
+
+    head_dim, keys = 64, 128  # one KV tile: every other key is in the band
+    q = torch.zeros(1, 1, 1, head_dim)
+    q[..., 0] = 8.0
+    k = torch.zeros(1, keys, 1, head_dim)
+    k[0, 0, 0, 0] = 10.0  # score 80: 80 / sqrt(64) * log2(e) = 14.43 octaves above the other keys (score 0)
+    v = torch.randn(1, keys, 1, head_dim, generator=torch.Generator().manual_seed(2))
+    q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    config = SoftmaxConfig(mode="rowmax_h15", max_offset=FP8_MAX_OFFSET, tile_n=128)
+    ref_out, ref_lse = attention_reference(q, k, v, config)
+    stock_operand = reference._h15_fp8_operand
+
+    def kernel_operand(p, p_dtype):
+        return torch.where(p == 1.5 * 2**-7, 2.0**-7, stock_operand(p, p_dtype))
+
+    monkeypatch.setattr(reference, "_h15_fp8_operand", kernel_operand)
+    out, lse = attention_reference(q, k, v, config)
+    out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, False)
+    lse_err = float((lse - ref_lse).abs().max())
+    assert lse_err > 100 * 2.0**-15  # the rule matters here (127 elements)
+    assert lse_err <= float(lse_bound.min())
+    assert ((out.float() - ref_out.float()).abs().amax(-1, keepdim=True) <= out_bound).all()
+    x = torch.tensor([80.0] + [0.0] * (keys - 1), dtype=torch.float64) * head_dim**-0.5 * math.log2(math.e)
+    pi = torch.softmax(x * math.log(2.0), -1)
+    band_mass = float(pi[1:].sum())
+    assert lse_err > float(lse_bound.min()) - band_mass  # without the band term the bound is too small
