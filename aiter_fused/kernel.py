@@ -105,7 +105,9 @@ registers left one 4-warp program per SM: one warp per scheduler, nothing to hid
 second warpgroup to run its softmax while the tensor cores work. Note [Unmasked and masked KV loops], Note
 [Exact twin: scale folded into exp2], Note [KV addresses] and the launch table's sm90 entry (BLOCK_M 128 over
 8 warps, two warpgroups of 64 rows) take the twin to 8.3 / 8.6 with no spills, the MX modes to 64-66
-("bf16", 104-144 bytes of spills), 53 ("scaled", 8-64) and 120 ("fp8", 200-232).
+("bf16", 104-144 bytes of spills), 53 ("scaled", 8-64) and 120 ("fp8", 200-232). Measured on the H200 the
+twin's per-element-address form (9.3 / 9.4) ran faster than the tile-offset one, so the table's sm90 entry
+leaves ``kv_tile_offsets`` off (Note [Launch table] in ``launch.py``).
 
 Note [Kernel rounding vs the reference]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -148,7 +150,8 @@ with ``x = s * scale`` rounded first, as ``fa4_rowmax.reference.fused_softmax`` 
 
 Note [KV addresses]
 ~~~~~~~~~~~~~~~~~~~
-With ``KV_TILE_OFFSETS`` (the launch table's ``kv_tile_offsets``) the exact twin addresses a K or V tile as one
+With ``KV_TILE_OFFSETS`` (a launch's ``kv_tile_offsets``; off in every table entry, sm90's by measurement: Note
+[Launch table]) the exact twin addresses a K or V tile as one
 64-bit base per tile (``k_start + n_start`` rows in) plus loop-invariant int32 offsets inside the tile, where
 otherwise each element's row index is widened to 64 bits and multiplied by the stride: on sm_90 2 instructions
 (a 64-bit add) per 16-byte ``cp.async`` instead of ~6, 32 instead of 96 per tile and thread at BLOCK_N 128 over

@@ -24,9 +24,19 @@ Note [Launch table]
   m64n128 wgmma row block), so the scheduler has two warps to issue from where BLOCK_M 64 over 4 warps (the
   previous value, still ``default``) left one, and a second warpgroup's softmax can run while the first's
   GEMMs do. K and V take 3 x 64 KB of shared memory with Q's 32 KB (224 of the 227 KB an H200 block may use)
-  and the exact twin 255 registers with no spills (``python -m aiter_fused.compile_sm90``); 2 stages spill
-  16 bytes. ``kv_tile_offsets`` (Note [KV addresses] in ``kernel.py``) only there. The candidates and the
-  measured choice: ``scripts/aiter_fused_h200_tune.py``, ``docs/aiter_h200.md``.
+  and the exact twin 246-249 registers with no spills (``python -m aiter_fused.compile_sm90``); 2 stages spill
+  16 bytes. The candidates: ``scripts/aiter_fused_h200_tune.py``; the measurement: ``docs/aiter_h200.md``.
+- sm90's ``kv_tile_offsets`` is off (per-element K/V addresses), by measurement: on the H200 (2026-12-01
+  12:28 UTC, code of commit 6a400db; 32K tokens, 16 heads, head dim 128, BF16, 5 interleaved rounds x 3
+  calls, ratio = median over rounds of FA4 stock's time over the kernel's in the same round) the per-element
+  form ran 0.686 / 0.679 / 0.706 / 0.714x FA4 stock at 8K causal / 8K non-causal / 16K causal / 16K
+  non-causal, the tile-offset form 0.675 / 0.660 / 0.689 / 0.644x: faster at every shape (by 1.6-10.9 %
+  in time; at 8K causal the two rounds' ranges overlap, 0.676-0.695 vs 0.666-0.684), although its main loop
+  has 598 / 600 instructions per warp and tile against 529 / 548 (SASS, CPU compile). Not explained
+  (``docs/aiter_h200.md``, Prediction vs measurement). Neither form changes a value: the same elements are
+  loaded from the same addresses, computed two ways (Note [KV addresses] in ``kernel.py``); the override
+  ``launch=Launch(..., kv_tile_offsets=True)`` still reaches the other form, and ``attention._launch``'s int32
+  check applies to it only.
 - Everything else (other NVIDIA GPUs, other AMD GPUs) keeps BLOCK_M 64, 4 warps, tile 128 and Triton's
   default stages (3 on CUDA); Triton's CPU interpreter uses BLOCK_M 16 (speed of the tests only).
 - ``num_stages`` is the depth of the KV loads' software pipeline (buffers in shared memory); 0 leaves
@@ -65,7 +75,7 @@ class Launch:
 LAUNCHES = {
     "gfx950": Launch(block_m=128, num_warps=4, tile_n=64),
     "gfx942": Launch(block_m=128, num_warps=4, tile_n=64, dot_modes=("bf16", "fp8")),
-    "sm90": Launch(block_m=128, num_warps=8, tile_n=128, num_stages=3, kv_tile_offsets=True),
+    "sm90": Launch(block_m=128, num_warps=8, tile_n=128, num_stages=3),  # kv_tile_offsets off: measured
     "default": Launch(block_m=64, num_warps=4, tile_n=128),
     "interpreter": Launch(block_m=16, num_warps=4, tile_n=128),
 }
