@@ -532,13 +532,15 @@ def run_study(
     time_budget_s: float | None = None,
     log=print,
     previous: dict | None = None,
+    on_block=None,
 ) -> dict:
     """Score the baseline and every run on every block; per-block deltas, agreement and counters per run.
 
     With `time_budget_s`, no new block is started once the time spent plus one more block would exceed it;
     every run still covers the same blocks (the pairing holds) and the report says how many were done.
     `previous` (a report of the same runs and blocks, checked by `check_resumable`) supplies the blocks it
-    holds; this call scores the rest, and the budget counts this call's time only.
+    holds; this call scores the rest, and the budget counts this call's time only. `on_block(partial)` is
+    called after every block with what this function would return at that point (Note [Resuming a cut run]).
     """
     started = time.perf_counter()
     model = workload.model
@@ -581,7 +583,13 @@ def run_study(
             f"block {b + 1}/{len(blocks)}: baseline NLL {base.nll.mean():.4f} ({base_seconds:.1f} s); "
             + ", ".join(f"{r.name} {per_run[r.name]['delta'][-1]:+.5f}" for r in runs)
         )
+        if on_block is not None:
+            on_block(_summarize_runs(runs, per_run, kernel_vs_sim_agree, blocks_done, baseline_seconds))
+    return _summarize_runs(runs, per_run, kernel_vs_sim_agree, blocks_done, baseline_seconds)
 
+
+def _summarize_runs(runs: list[Run], per_run: dict, kernel_vs_sim_agree: dict, blocks_done: int, baseline_seconds):
+    """run_study's result from its per-run records: summaries, kernel-vs-simulator comparisons, blocks done."""
     results = {}
     for run in runs:
         record = per_run[run.name]
@@ -896,6 +904,9 @@ def _package_version(name: str) -> str | None:
 # blocks, block order or runs differ (a silent mix would pair different things). Counters are sums and
 # maxima, so they merge exactly; the intervals are recomputed over all blocks. Each call adds an entry to
 # `meta.sessions` (its blocks, device, git commit, wall time), so a table made in several sessions says so.
+# The report is also written after every block (at most every CHECKPOINT_SECONDS, each file replaced whole),
+# so a run killed from outside (a device call's timeout) keeps what it finished, and --resume goes on from it.
+CHECKPOINT_SECONDS = 20.0  # the least time between two partial reports
 RESUME_KEYS = (
     "model",
     "model_sha256",
@@ -924,12 +935,16 @@ def check_resumable(previous: dict, expected: dict, run_names: list[str], block_
         raise ValueError("--resume: the previous report is a different run; " + "; ".join(differ))
 
 
-def _write_results(out: Path, tag: str, data: dict, markdown: str) -> None:
-    """`quality_<tag>.json` and `.md` under `out`; the Markdown is also printed."""
+def _write_results(out: Path, tag: str, data: dict, markdown: str, echo: bool = True) -> None:
+    """`quality_<tag>.json` and `.md` under `out` (each replaced whole: a kill never leaves half a file); with
+    `echo` the Markdown is also printed."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"quality_{tag}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"quality_{tag}.md").write_text(markdown)
-    print(markdown)
+    for name, text in ((f"quality_{tag}.json", json.dumps(data, indent=1) + "\n"), (f"quality_{tag}.md", markdown)):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    if echo:
+        print(markdown)
 
 
 def main(argv=None) -> dict | None:
@@ -977,10 +992,6 @@ def main(argv=None) -> dict | None:
         check_resumable(previous, expected, [r.name for r in runs], indices)
         print(f"--resume: {previous['meta']['num_blocks']} blocks from {previous_path}")
     print(f"{len(runs)} runs x {len(blocks)} blocks of {args.block_size} tokens on {args.device}")
-    report = run_study(workload, blocks, runs, args.time_budget_s, previous=previous)
-    blocks_done = report.pop("blocks_done")
-    baseline_seconds = report.pop("baseline_seconds")
-    report["paired"] = {pair: paired_difference(report["runs"], *pair.split(":")) for pair in args.pairs}
     import transformers
 
     device_name = (
@@ -989,47 +1000,66 @@ def main(argv=None) -> dict | None:
         else f"cpu ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
     )
     first_block = previous["meta"]["num_blocks"] if previous else 0
-    sessions = list(previous["meta"].get("sessions", [])) if previous else []
-    sessions.append(
-        dict(
-            blocks=[first_block, blocks_done],
-            device=device_name,
-            git_commit=git_commit,
-            wall_seconds=time.perf_counter() - started,
+    command = "python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:])
+
+    def finished(report: dict, final: bool) -> dict:
+        """The report with its meta (and, when `final`, printed): written after every block and at the end."""
+        report = dict(report)
+        blocks_done = report.pop("blocks_done")
+        baseline_seconds = report.pop("baseline_seconds")
+        report["paired"] = {pair: paired_difference(report["runs"], *pair.split(":")) for pair in args.pairs}
+        sessions = list(previous["meta"].get("sessions", [])) if previous else []
+        sessions.append(
+            dict(
+                blocks=[first_block, blocks_done],
+                device=device_name,
+                git_commit=git_commit,
+                wall_seconds=time.perf_counter() - started,
+            )
         )
-    )
-    report["meta"] = dict(
-        workload.provenance,
-        tag=args.tag,
-        block_size=args.block_size,
-        num_blocks=blocks_done,
-        num_blocks_requested=len(blocks),
-        block_indices=indices[:blocks_done],
-        bootstrap_reps=BOOTSTRAP_REPS,
-        bootstrap_seed=BOOTSTRAP_SEED,
-        block_order_seed=BLOCK_ORDER_SEED,
-        baseline=f"{BASELINE} float32",
-        hybrid_schedule=(
-            f"per layer: MXFP6 in the first and last {fused_hf.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
-            "(Note [Hybrid MX schedule for an LLM] in aiter_fused/hf.py)"
-        ),
-        device=device_name,
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        gguf=_package_version("gguf"),
-        numpy=np.__version__,
-        python=platform.python_version(),
-        threads=torch.get_num_threads(),
-        baseline_seconds_per_block=baseline_seconds / blocks_done if blocks_done else None,
-        note=args.note,
-        git_commit=git_commit,
-        command="python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        wall_seconds=sum(session["wall_seconds"] for session in sessions),
-        sessions=sessions,
-    )
-    report = {"meta": report.pop("meta"), **report}
-    _write_results(args.out, args.tag, report, markdown_report(report))
-    return report
+        meta = dict(
+            workload.provenance,
+            tag=args.tag,
+            block_size=args.block_size,
+            num_blocks=blocks_done,
+            num_blocks_requested=len(blocks),
+            block_indices=indices[:blocks_done],
+            bootstrap_reps=BOOTSTRAP_REPS,
+            bootstrap_seed=BOOTSTRAP_SEED,
+            block_order_seed=BLOCK_ORDER_SEED,
+            baseline=f"{BASELINE} float32",
+            hybrid_schedule=(
+                f"per layer: MXFP6 in the first and last {fused_hf.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
+                "(Note [Hybrid MX schedule for an LLM] in aiter_fused/hf.py)"
+            ),
+            device=device_name,
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            gguf=_package_version("gguf"),
+            numpy=np.__version__,
+            python=platform.python_version(),
+            threads=torch.get_num_threads(),
+            baseline_seconds_per_block=baseline_seconds / blocks_done if blocks_done else None,
+            note=args.note,
+            git_commit=git_commit,
+            command=command,
+            wall_seconds=sum(session["wall_seconds"] for session in sessions),
+            sessions=sessions,
+        )
+        report = {"meta": meta, **report}
+        _write_results(args.out, args.tag, report, markdown_report(report), echo=final)
+        return report
+
+    # Note [Resuming a cut run]: a report on disk after every block (at most every CHECKPOINT_SECONDS), so a
+    # process killed from outside (a device call's timeout) keeps the blocks it finished for --resume.
+    last_write = [time.perf_counter()]
+
+    def checkpoint(partial: dict) -> None:
+        if time.perf_counter() - last_write[0] >= CHECKPOINT_SECONDS:
+            finished(partial, final=False)
+            last_write[0] = time.perf_counter()
+
+    return finished(run_study(workload, blocks, runs, args.time_budget_s, previous=previous, on_block=checkpoint), True)
 
 
 if __name__ == "__main__":

@@ -341,5 +341,26 @@ def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
         quality.main([*args(block_size=32), "--out", cut_dir, "--tag", "t", "--resume"])
     with pytest.raises(ValueError, match="runs"):
         quality.main([*args(modes=("exact_ref",)), "--out", cut_dir, "--tag", "t", "--resume"])
+    # Killed from outside after two blocks: the report written after each block holds them, and --resume
+    # finishes the run with the same result.
+    monkeypatch.setattr(quality, "CHECKPOINT_SECONDS", 0.0)
+    stock_score, calls = quality.score_block, []
+
+    def killed_in_block_3(*a, **k):
+        calls.append(1)
+        if len(calls) > 6:  # baseline + 2 runs per block
+            raise KeyboardInterrupt
+        return stock_score(*a, **k)
+
+    monkeypatch.setattr(quality, "score_block", killed_in_block_3)
+    killed_dir = str(tmp_path / "killed")
+    with pytest.raises(KeyboardInterrupt):
+        quality.main([*common, "--out", killed_dir, "--tag", "t"])
+    monkeypatch.setattr(quality, "score_block", stock_score)
+    on_disk = json.loads((tmp_path / "killed" / "quality_t.json").read_text())
+    assert on_disk["meta"]["num_blocks"] == 2
+    finished = quality.main([*common, "--out", killed_dir, "--tag", "t", "--resume"])
+    for name, run in whole["runs"].items():
+        assert finished["runs"][name]["per_block_delta_nll"] == run["per_block_delta_nll"], name
     with pytest.raises(FileNotFoundError, match="--resume"):
         quality.main([*common, "--out", str(tmp_path / "none"), "--tag", "t", "--resume"])
