@@ -30,7 +30,7 @@ Note [Launch table]
   12:28 UTC, code of commit 6a400db; 32K tokens, 16 heads, head dim 128, BF16, 5 interleaved rounds x 3
   calls, ratio = median over rounds of FA4 stock's time over the kernel's in the same round) the per-element
   form ran 0.686 / 0.679 / 0.706 / 0.714x FA4 stock at 8K causal / 8K non-causal / 16K causal / 16K
-  non-causal, the tile-offset form 0.675 / 0.660 / 0.689 / 0.644x: faster at every shape (by 1.6-10.9 %
+  non-causal, the tile-offset form 0.675 / 0.660 / 0.689 / 0.644x: faster at every shape (by 1.6-10.1 %
   in time; at 8K causal the two rounds' ranges overlap, 0.676-0.695 vs 0.666-0.684), although its main loop
   has 598 / 600 instructions per warp and tile against 529 / 548 (SASS, CPU compile). Not explained
   (``docs/aiter_h200.md``, Prediction vs measurement). Neither form changes a value: the same elements are

@@ -1,0 +1,57 @@
+"""Compile, on the CPU, every kernel the H200 tune run timed and record its sm_90a main-loop counts.
+
+    python scripts/aiter_cost_model_counts.py bench/results/aiter_cost_model/sm90_counts.json
+
+The inputs of ``aiter_fused.cost_model``'s H200 validation: the exact twin's candidates
+(``scripts/aiter_fused_h200_tune.py``'s ``CANDIDATES``) and its MX rows (``MX_ROWS``), both masks, head dim 128,
+compiled by ``aiter_fused.compile_sm90.compile_one`` with the benchmark's integer specialization (32K tokens, 16
+heads). The JSON is rewritten after every compile, so an interrupted run keeps what it has.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import triton  # noqa: E402
+from aiter_fused_h200_tune import CANDIDATES, MX_ROWS, TABLE  # noqa: E402
+
+from aiter_fused.compile_check import Config  # noqa: E402
+from aiter_fused.compile_sm90 import compile_one  # noqa: E402
+
+
+def jobs():
+    for name, launch in CANDIDATES.items():
+        yield f"exact_{name}", None, "mxfp8", launch
+    for row, mx_format, dot_mode, launch_name in MX_ROWS:  # launch_name: a Launch, or None (the table)
+        launch = TABLE if launch_name is None else launch_name
+        yield row, dot_mode or "fp8", mx_format, launch
+
+
+def main(out: str) -> int:
+    path = Path(out)
+    records = json.loads(path.read_text())["records"] if path.exists() else {}
+    for row, dot_mode, mx_format, launch in jobs():
+        for causal in (True, False):
+            key = f"{row}/{'causal' if causal else 'non-causal'}"
+            if key in records:
+                continue
+            start = time.time()
+            config = Config("attention", mx_format, 128, dot_mode, causal, launch.tile_n)
+            record = compile_one(config, launch)
+            record["compile_seconds"] = round(time.time() - start, 1)
+            records[key] = record
+            print(
+                f"{key}: {record['loop_instructions']} ({record['per_element']}/score), {record['compile_seconds']} s",
+                flush=True,
+            )
+            path.write_text(json.dumps({"triton": triton.__version__, "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
