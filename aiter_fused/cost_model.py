@@ -22,8 +22,9 @@ A program serializes its GEMMs and its softmax (T + I): the twin's QK^T wait als
 (``warp_group_dot_wait {pendings = 0}``) and two ``BAR.SYNC`` per tile keep a program's two warpgroups in step
 (``docs/aiter_h200.md``, Diagnosis), so nothing in one program overlaps a GEMM with the softmax. Programs on the
 same SM are independent: with p of them the SM can overlap one's softmax with another's GEMMs, down to the
-shared resources' bound max(T, I). This is the doc's case B (two warps per scheduler issuing at the peak rate),
-generalized to p programs, chosen before the model's errors were computed; it has no fitted constant. The
+shared resources' bound max(T, I). For one program this is the doc's case B with the peak issue rate (B took
+0.73 per clock: two warps at the 0.36 calibrated on the previous launch) instead of a calibrated one,
+generalized to p programs; chosen before the model's errors were computed, it has no fitted constant. The
 kernel's time is (KV tiles of all programs) / (SMs) x cycles / clock: perfect balance over the SMs, no wave
 quantization, no prologue or epilogue, and the causal diagonal's masked tiles cost an unmasked tile (the counts
 are the unmasked loop's). ``max`` (full overlap) is reported beside it as the model's lower bound.
