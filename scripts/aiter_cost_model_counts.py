@@ -9,19 +9,22 @@ heads). The JSON is rewritten after every compile, so an interrupted run keeps w
 """
 
 import json
+import runpy
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 import triton  # noqa: E402
-from aiter_fused_h200_tune import CANDIDATES, MX_ROWS, TABLE  # noqa: E402
 
 from aiter_fused.compile_check import Config  # noqa: E402
 from aiter_fused.compile_sm90 import compile_one  # noqa: E402
+
+# The tune script's launch candidates and MX rows, read from the file (scripts never go on sys.path).
+_TUNE = runpy.run_path(str(Path(__file__).with_name("aiter_fused_h200_tune.py")))
+CANDIDATES, MX_ROWS, TABLE = _TUNE["CANDIDATES"], _TUNE["MX_ROWS"], _TUNE["TABLE"]
 
 
 def jobs():
