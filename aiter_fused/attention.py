@@ -38,11 +38,20 @@ from fa4_rowmax.reference.fused_softmax import (
 )
 from fa4_rowmax.reference.mx import ELEMENT_FORMATS
 
-__all__ = ["fused_softmax_attention", "fused_softmax_attention_varlen", "DOT_MODES", "HEAD_DIMS", "TILE_SIZES"]
+__all__ = [
+    "fused_softmax_attention",
+    "fused_softmax_attention_varlen",
+    "DOT_MODES",
+    "HEAD_DIMS",
+    "ROW_SUMS",
+    "TILE_SIZES",
+]
 
 HEAD_DIMS = (32, 64, 128, 256)
 TILE_SIZES = (32, 64, 128)
 DOT_MODES = ("bf16", "fp8", "scaled")
+ROW_SUMS = ("reduce", "gemm")  # Note [Row sum by GEMM] in kernel.py
+ROW_SUM_GEMM_DOT_MODES = ("bf16", "scaled")
 
 
 def _interpreting() -> bool:
@@ -96,6 +105,18 @@ def _check_dot_mode(dot_mode) -> None:
         raise ValueError(f"dot_mode must be None (by architecture) or one of {DOT_MODES}; got {dot_mode!r}")
 
 
+def _check_row_sum(row_sum, exact: bool, dot_mode: str) -> None:
+    """``row_sum="gemm"`` (Note [Row sum by GEMM] in ``kernel.py``) is the MX modes' whose P@V is one GEMM per
+    tile: "bf16" and "scaled"; not the exact twin (its row sum is of fp32 P, its P@V of BF16 P) nor "fp8"."""
+    if row_sum not in ROW_SUMS:
+        raise ValueError(f"row_sum must be one of {ROW_SUMS}; got {row_sum!r}")
+    if row_sum == "gemm" and (exact or dot_mode not in ROW_SUM_GEMM_DOT_MODES):
+        raise ValueError(
+            f'row_sum="gemm" takes the MX dot modes {ROW_SUM_GEMM_DOT_MODES}; got '
+            f"{'exact=True' if exact else f'dot_mode={dot_mode!r}'}"
+        )
+
+
 def _launch(
     q,
     k,
@@ -112,6 +133,7 @@ def _launch(
     dot_mode,
     return_recoveries,
     launch,
+    row_sum,
 ):
     """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
     import triton
@@ -136,6 +158,7 @@ def _launch(
     dot_mode = _default_dot_mode(arch) if dot_mode is None else dot_mode
     if dot_mode not in launch.dot_modes:
         raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")
+    _check_row_sum(row_sum, exact, dot_mode)
     tile_n = launch.tile_n if tile_n is None else tile_n
     if tile_n not in TILE_SIZES:
         raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES}; got {tile_n!r}")
@@ -214,6 +237,7 @@ def _launch(
         OPERAND_FORMAT=operand_format,
         RETURN_RECOVERIES=return_recoveries,
         KV_TILE_OFFSETS=launch.kv_tile_offsets,
+        ROW_SUM_GEMM=row_sum == "gemm",
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits,
         P_MIN_EXPONENT=p_spec.min_normal_exponent,
@@ -240,6 +264,7 @@ def fused_softmax_attention(
     dot_mode: Optional[str] = None,
     return_recoveries: bool = False,
     launch: Optional[Launch] = None,
+    row_sum: str = "reduce",
 ):
     """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
     heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
@@ -250,7 +275,9 @@ def fused_softmax_attention(
     table] in ``launch.py``); ``dot_mode`` picks the dot strategy, one of ``DOT_MODES`` (None: by
     architecture; see the module docstring); ``launch`` replaces the launch table's entry for this call
     (tuning: ``scripts/aiter_fused_h200_tune.py``; its ``block_m``, ``num_warps`` and ``num_stages`` change no
-    value, its ``tile_n`` is the default tile)."""
+    value, its ``tile_n`` is the default tile); ``row_sum``: one of ``ROW_SUMS``, "reduce" (a row reduction of
+    P) or "gemm" (a matrix multiply of the P that enters P@V, dot modes "bf16" and "scaled": Note [Row sum by
+    GEMM] in ``kernel.py``)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
@@ -277,6 +304,7 @@ def fused_softmax_attention(
         dot_mode,
         return_recoveries,
         launch,
+        row_sum,
     )
     out = out.reshape(batch, seqlen_q, heads_q, head_dim)
     lse = lse.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
@@ -306,12 +334,13 @@ def fused_softmax_attention_varlen(
     return_recoveries: bool = False,
     validate: bool = True,
     launch: Optional[Launch] = None,
+    row_sum: str = "reduce",
 ):
     """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
     (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries
     like lse with ``return_recoveries=True``). ``max_seqlen_k`` is accepted for FlashAttention's
-    signature; the kernel reads the key lengths from ``cu_seqlens_k``. ``launch`` as in
-    ``fused_softmax_attention``.
+    signature; the kernel reads the key lengths from ``cu_seqlens_k``. ``launch`` and
+    ``row_sum`` as in ``fused_softmax_attention``.
 
     ``validate=True`` checks the offsets' contents (start at 0, never decrease, end at the token
     counts, no query sequence longer than ``max_seqlen_q``): a host read of GPU data, so one sync per
@@ -350,6 +379,7 @@ def fused_softmax_attention_varlen(
         dot_mode,
         return_recoveries,
         launch,
+        row_sum,
     )
     result = (out, lse) if return_lse else (out,)
     if return_recoveries:

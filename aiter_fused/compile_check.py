@@ -67,6 +67,7 @@ class Config:
     causal: bool = False
     tile_n: Optional[int] = None
     pack_e2m1: bool = False  # quantizers: the packed e2m1 output of the "scaled" mode at MXFP4
+    row_sum: str = "reduce"  # attention: one of attention.ROW_SUMS (Note [Row sum by GEMM] in kernel.py)
 
     @property
     def name(self) -> str:
@@ -75,6 +76,7 @@ class Config:
         mode = self.dot_mode or "exact"
         return (
             f"attention/{mode}/{self.mx_format}/hd{self.head_dim}/{'causal' if self.causal else 'dense'}/n{self.tile_n}"
+            + ("" if self.row_sum == "reduce" else f"/row_sum_{self.row_sum}")
         )
 
 
@@ -132,6 +134,7 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
             OPERAND_FORMAT=_operand_format(config.mx_format, config.dot_mode is None, config.dot_mode or "bf16"),
             RETURN_RECOVERIES=False,
             KV_TILE_OFFSETS=launch.kv_tile_offsets,
+            ROW_SUM_GEMM=config.row_sum == "gemm",
             P_MANTISSA=p["MANTISSA"],
             P_MIN_EXPONENT=p["MIN_EXPONENT"],
             P_MAX_NORMAL=p["MAX_NORMAL"],

@@ -159,6 +159,36 @@ otherwise each element's row index is widened to 64 bits and multiplied by the s
 int32. gfx950 and gfx942 keep the per-element form: the compile audit compiles with unspecialized strides,
 where the loads are not vectorized and the hoisted offsets (one per element) cost 76-122 VGPR spills at head
 dim 128 (compiled with a call's values, ``compile_sm90``'s way, neither form spills there).
+
+Note [Row sum by GEMM]
+~~~~~~~~~~~~~~~~~~~~~~
+``row_sum="gemm"`` (``ROW_SUM_GEMM``; "bf16" and "scaled" only, off by default) takes the row sum the paper's
+way, "through another matrix multiplication": ``l_acc = dot(P, ones, l_acc)`` with the very operand P@V
+takes in the same tile ("bf16": the BF16 values of the quantized P; "scaled": its e4m3 elements with their
+E8M0 block scales, the ones block e4m3 with E8M0 scale bytes 127, i.e. 1), accumulated across tiles in the
+dot's own fp32 accumulator and rescaled with ``O`` on a recovery; ``row_sum`` is the sum of ``l_acc``'s
+columns at the end (exact: only column 0 of ``ones`` is 1, the other columns hold 0). ``ones`` is
+``[BLOCK_N, 32]``, one column block of the 32x32 MFMA the launch's P@V uses, so the P operand is the P@V
+dot's in the same layout. gfx950 compile audit (Triton 3.6, "scaled" MXFP8, hd128, tile 64): one more
+``v_mfma_scale_f32_32x32x64_f8f6f4`` per tile and no LDS traffic added. The alternatives compiled worse:
+16 columns (the smallest N ``tl.dot`` takes) make Triton pick a 16x16 MFMA, whose P layout differs (+42 LDS
+instructions per tile to convert it), and ``rhs_scale=None`` makes it lower the scaled dot by upcasting
+to a BF16 MFMA. Ones columns appended to V would share P@V's MFMAs, but the head dims are powers of two
+with no spare column (128 + 1 is no ``tl.arange`` length), so the sum is its own dot. Not for "fp8" (a
+block's scales are applied outside its 32-key dots, so the sum could not stay in one accumulator) nor the
+exact twin (its row sum is of fp32 P, its P@V of BF16 P: a GEMM row sum would change its values).
+
+Values: the same terms as the reference's ``p.sum(dim=-1)`` and as the reduction, in another fp32 order.
+All terms are >= 0, so a sum of n of them in any order is within ``gamma_n = n u / (1 - n u)`` (u = 2**-24)
+relative of the exact sum (Higham, Accuracy and Stability, 4.2), the running row sum over the tiles
+included (n = the row's keys plus its recoveries: each rescale is one more rounding). The two orders
+differ by at most ``2 gamma_n`` relative, the LSE (natural log) by at most ``2 gamma_n`` plus its own
+rounding, and the output by ``2 gamma_n`` relative before its BF16 rounding, which can then move an element
+by one BF16 step. No P element changes (the scores, the Schraudolph bits and the quantization are the same
+instructions), so the frozen max and every recovery decision are unchanged, and ``LSE_TOL`` against the
+reference holds as before. ``tests/test_aiter_fused_kernel.py`` holds gemm to reduce by the bound under the
+interpreter (fp32 dots). On a GPU the bound assumes the MFMA/MMA sums its products in fp32; the order and
+precision inside the instruction are the hardware's and not checked here (no MI355X run yet).
 """
 
 import triton
@@ -168,6 +198,7 @@ import triton.language as tl
 # also reads plain globals, so test_aiter_fused_kernel.py::test_kernel_compiles_for_sm90 guards this.
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it - it rounds x to an integer, ties to even
 _SCHRAUDOLPH_MAGIC = tl.constexpr(12599168.0)  # 1.5 * 2**23 + 127 * 128
+_ROW_SUM_N = tl.constexpr(32)  # the ones block's columns: one 32-wide MFMA column block (Note [Row sum by GEMM])
 
 
 @triton.jit
@@ -264,16 +295,20 @@ def _dequantize(elements, scale_byte):
 
 
 @triton.jit
-def _frozen_max_step(m, tile_max, acc, row_sum, recoveries, recovery_threshold):
+def _frozen_max_step(m, tile_max, acc, row_sum, recoveries, recovery_threshold, ROW_SUM_GEMM: tl.constexpr = False):
     """Note [Frozen reference max]: the tile max is always computed, the max moves only on a recovery
-    (or when it is set for the first time), and the rescale runs only then."""
+    (or when it is set for the first time), and the rescale runs only then. ``row_sum`` is the row sum
+    ([M]), or with ROW_SUM_GEMM its GEMM accumulator ([M, ROW_SUM_N], Note [Row sum by GEMM])."""
     first = (m == float("-inf")) & (tile_max > float("-inf"))
     recovered = (m > float("-inf")) & (tile_max > m + recovery_threshold)
     m_new = tl.where(first | recovered, tile_max, m)
     if tl.max(recovered.to(tl.int32), axis=0) > 0:
         alpha = tl.where(recovered, tl.exp2(m - m_new), 1.0)
         acc = acc * alpha[:, None]
-        row_sum = row_sum * alpha
+        if ROW_SUM_GEMM:
+            row_sum = row_sum * alpha[:, None]
+        else:
+            row_sum = row_sum * alpha
     return m_new, acc, row_sum, recoveries + recovered.to(tl.int32)
 
 
@@ -345,6 +380,7 @@ def _fused_softmax_attn_fwd(
     OPERAND_FORMAT: tl.constexpr,
     RETURN_RECOVERIES: tl.constexpr,
     KV_TILE_OFFSETS: tl.constexpr,
+    ROW_SUM_GEMM: tl.constexpr,
     P_MANTISSA: tl.constexpr,
     P_MIN_EXPONENT: tl.constexpr,
     P_MAX_NORMAL: tl.constexpr,
@@ -357,7 +393,8 @@ def _fused_softmax_attn_fwd(
     on the unquantized BF16 operands (the like-for-like baseline); DOT_MODE: Note [MX dots, per
     architecture]; OPERAND_FORMAT: the "scaled" mode's Q/K/V format, "e4m3" (container) or "e2m1"
     (packed, quantize.py's Note [Packed e2m1]); KV_TILE_OFFSETS: the exact twin's K/V addressing (Note [KV
-    addresses]), from the launch table."""
+    addresses]), from the launch table; ROW_SUM_GEMM: the MX modes' row sum by a GEMM ("bf16" and "scaled";
+    Note [Row sum by GEMM])."""
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head_q = tl.program_id(2)
@@ -403,6 +440,10 @@ def _fused_softmax_attn_fwd(
     row_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     recoveries = tl.zeros((BLOCK_M,), tl.int32)
+    if ROW_SUM_GEMM:  # Note [Row sum by GEMM]: the ones block and the row sum's accumulator
+        ones = tl.where((tl.arange(0, BLOCK_N)[:, None] >= 0) & (tl.arange(0, _ROW_SUM_N)[None, :] == 0), 1.0, 0.0)
+        ones_scale = tl.full((_ROW_SUM_N, BLOCK_N // 32), 127, tl.uint8)  # "scaled": E8M0 127 is 1
+        l_acc = tl.zeros((BLOCK_M, _ROW_SUM_N), tl.float32)
 
     kv_end = seqlen_k  # keys past it are invisible to every row of the block
     visible_end = seqlen_k  # keys before it are visible to every row of the block
@@ -539,9 +580,14 @@ def _fused_softmax_attn_fwd(
                     )
                     s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
                 x = _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL) * scale_log2
-                m, acc, row_sum, recoveries = _frozen_max_step(
-                    m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
-                )
+                if ROW_SUM_GEMM:
+                    m, acc, l_acc, recoveries = _frozen_max_step(
+                        m, tl.max(x, axis=1), acc, l_acc, recoveries, recovery_threshold, True
+                    )
+                else:
+                    m, acc, row_sum, recoveries = _frozen_max_step(
+                        m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
+                    )
                 # Note [Two-stage P and the row sum]
                 p_elements, p_exponent = _quantize_p(
                     _schraudolph_p(x, m),
@@ -554,7 +600,8 @@ def _fused_softmax_attn_fwd(
                     P_MAX_EXPONENT,
                 )
                 p_values = _dequantize_p(p_elements, p_exponent, BLOCK_M, BLOCK_N)
-                row_sum += tl.sum(p_values, axis=1)
+                if not ROW_SUM_GEMM:
+                    row_sum += tl.sum(p_values, axis=1)
                 if DOT_MODE == "scaled":
                     block_keys = n_start + 32 * tl.arange(0, BLOCK_N // 32)
                     v_blocks = v_block0 + block_keys // 32
@@ -564,7 +611,10 @@ def _fused_softmax_attn_fwd(
                         other=127,
                     )
                     p_scale = (p_exponent + 127).to(tl.uint8)
-                    acc = tl.dot_scaled(p_elements.to(tl.float8e4nv), p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
+                    p_fp8 = p_elements.to(tl.float8e4nv)
+                    acc = tl.dot_scaled(p_fp8, p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
+                    if ROW_SUM_GEMM:
+                        l_acc = tl.dot_scaled(p_fp8, p_scale, "e4m3", ones.to(tl.float8e4nv), ones_scale, "e4m3", l_acc)
                 else:
                     v_blocks = v_block0 + keys // 32
                     v_scale = tl.load(
@@ -573,8 +623,13 @@ def _fused_softmax_attn_fwd(
                         other=127,
                     )
                     v_values = _dequantize(v, v_scale).to(tl.bfloat16).to(DOT_DTYPE)
-                    acc = tl.dot(p_values.to(tl.bfloat16).to(DOT_DTYPE), v_values, acc)
+                    p_dot = p_values.to(tl.bfloat16).to(DOT_DTYPE)
+                    acc = tl.dot(p_dot, v_values, acc)
+                    if ROW_SUM_GEMM:
+                        l_acc = tl.dot(p_dot, ones.to(DOT_DTYPE), l_acc)
 
+    if ROW_SUM_GEMM:
+        row_sum = tl.sum(l_acc, axis=1)  # exact: one column holds the sum, the others are 0
     empty = row_sum == 0.0
     out = acc / tl.where(empty, 1.0, row_sum)[:, None]
     out = tl.where(empty[:, None], 0.0, out)

@@ -166,3 +166,35 @@ def test_the_replication_check_sees_the_previous_launch(tmp_path):
         """)
     spills, replication = json.loads(_run(["-c", code], tmp_path).stdout.strip().splitlines()[-1])
     assert replication == [2, 1] * 4 and spills > 0
+
+
+_ROW_SUM_GEMM_COMPILE = textwrap.dedent("""
+    import json
+    from aiter_fused.compile_check import Config, compile_one
+    print(json.dumps([compile_one(Config("attention", fmt, 128, "scaled", True, 64, row_sum="gemm"), "gfx950")
+                      for fmt in ("mxfp8", "mxfp4")]))
+""")
+
+
+def test_gfx950_row_sum_by_gemm_is_one_scaled_mfma_per_64_keys(audits, tmp_path):
+    """Note [Row sum by GEMM] in kernel.py: with row_sum="gemm" (off by default, so not in the audit's
+    matrix) the "scaled" main loop gains one block-scaled MFMA per wave and 64 keys (32 rows x the ones
+    block's 32 columns, K = 64), P e4m3 x ones e4m3, with no LDS instruction and no spill added: the row sum
+    reads P in the P@V dot's layout. MXFP8 and MXFP4, head dim 128, causal, the launch table's tile."""
+    result = _run(["-c", _ROW_SUM_GEMM_COMPILE], tmp_path)
+    reduced = {
+        r["mx_format"]: r for r in _attention(audits("gfx950"), "scaled") if r["head_dim"] == 128 and r["causal"]
+    }
+    for record in json.loads(result.stdout.strip().splitlines()[-1]):
+        base = reduced[record["mx_format"]]
+        assert record["vgpr_spill_count"] == 0, record["name"]
+        assert {m["instruction"] for m in record["mfma"]} == {SCALED_MFMA}, record["name"]
+        added = {(m["a_format"], m["b_format"]): m["count"] for m in record["mfma"]}
+        for m in base["mfma"]:
+            added[(m["a_format"], m["b_format"])] -= m["count"]
+        # The loop body's copies (two KV loops, and what the pipeliner peels) each gain the same MFMAs.
+        copies = sum(m["count"] for m in base["mfma"]) // base["main_loop"]["mfma"]
+        expected = {("fp8_e4m3", "fp8_e4m3"): copies * (record["tile_n"] // 64)}
+        assert {key: count for key, count in added.items() if count} == expected, record["name"]
+        assert record["main_loop"]["mfma"] == base["main_loop"]["mfma"] + record["tile_n"] // 64, record["name"]
+        assert record["main_loop"]["lds"] == base["main_loop"]["lds"], record["name"]

@@ -294,6 +294,45 @@ def test_dot_mode_the_architecture_cannot_compile_is_refused(monkeypatch):
         fused_softmax_attention(q, q, q, dot_mode="scaled")
 
 
+def _summation_order_bound(terms: int) -> float:
+    """Note [Row sum by GEMM]: two fp32 sums of ``terms`` non-negative terms, in any two orders, differ by at
+    most 2 gamma_n relative (gamma_n = n u / (1 - n u), u = 2**-24)."""
+    n_u = terms * 2.0**-24
+    return 2 * n_u / (1 - n_u)
+
+
+@pytest.mark.parametrize(
+    "causal,dot_mode", [(False, "bf16"), (True, "bf16"), pytest.param(True, "scaled", marks=_NEEDS_GPU_FOR_SCALED)]
+)
+def test_row_sum_by_gemm_matches_the_reduction(causal, dot_mode):
+    """Note [Row sum by GEMM]: dense and causal, GQA, 83 keys in tiles of 32 (a partial last tile), recoveries at
+    threshold 2. Against the reduction only the row sum's fp32 order differs: the same recoveries, the LSE
+    within 2 gamma_n (n = keys plus recoveries) plus its own fp32 rounding, the output within 2 gamma_n plus
+    one BF16 step; against the reference as every mode."""
+    gen = torch.Generator().manual_seed(14)
+    q, k, v = _randn(1, 37, 4, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen)
+    threshold, scale_log2 = 2.0, 64**-0.5 * math.log2(math.e)
+    common = dict(causal=causal, tile_n=32, dot_mode=dot_mode, recovery_threshold=threshold, return_recoveries=True)
+    out, lse, recoveries = fused_softmax_attention(q, k, v, row_sum="gemm", **common)
+    out_r, lse_r, recoveries_r = fused_softmax_attention(q, k, v, **common)
+    assert torch.equal(recoveries, recoveries_r) and recoveries.sum() > 0
+    bound = _summation_order_bound(83 + int(recoveries.max()))
+    # The LSE's rounding, (m + log2 l) * ln 2 in both runs: three fp32 roundings each of a value below
+    # |m| + |log2 l|, with |m| <= max |score| and 1 <= l <= keys * 2**(threshold + 1) (the max's element is 1).
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float().cpu(), k.float().cpu().repeat_interleave(2, dim=2))
+    magnitude = scores.abs().max().item() * scale_log2 + math.log2(83) + threshold + 1
+    lse_tol = bound + 6 * 2.0**-24 * magnitude
+    finite = torch.isfinite(lse_r)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse - lse_r)[finite].abs().max().item() <= lse_tol
+    out, out_r = out.float(), out_r.float()
+    assert torch.all((out - out_r).abs() <= (bound + 2.0**-22 + 2.0**-7) * out_r.abs())
+    ref_out, ref_lse = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), causal=causal, tile_n=32, recovery_threshold=threshold
+    )
+    _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, "mxfp8")
+
+
 def test_bad_arguments():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(TypeError, match="bfloat16"):
@@ -312,6 +351,11 @@ def test_bad_arguments():
         fused_softmax_attention(q, q, q, dot_mode="fp16")
     with pytest.raises(TypeError, match="launch must be None"):
         fused_softmax_attention(q, q, q, launch="sm90")
+    with pytest.raises(ValueError, match="row_sum must be one of"):
+        fused_softmax_attention(q, q, q, row_sum="sum")
+    for refused in (dict(exact=True), dict(dot_mode="fp8")):
+        with pytest.raises(ValueError, match='row_sum="gemm" takes'):
+            fused_softmax_attention(q, q, q, row_sum="gemm", **refused)
     cu = torch.tensor([0, 8], dtype=torch.int64, device=DEVICE)
     with pytest.raises(TypeError, match="cu_seqlens_q"):
         fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8)
@@ -336,7 +380,8 @@ _SM90_COMPILE = textwrap.dedent(r"""
     for mode in ("fp8", "bf16"):
         constants = dict(GROUP=2, HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, EXACT=False, DOT_MODE=mode,
                          OPERAND_FORMAT="e4m3", DOT_DTYPE=tl.bfloat16, RETURN_RECOVERIES=True, P_MANTISSA=3, P_MIN_EXPONENT=0,
-                         P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2, KV_TILE_OFFSETS=False)
+                         P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2, KV_TILE_OFFSETS=False,
+                         ROW_SUM_GEMM=False)
         signature = {name: pointers.get(name, "constexpr" if name in constants else
                                         "fp32" if name in ("scale_log2", "recovery_threshold") else "i32")
                      for name in kernel.arg_names}
