@@ -264,6 +264,13 @@ def paired_difference(runs: dict, name: str, against: str) -> dict:
     return result
 
 
+def pair_runs(pair: str, runs: list["Run"]) -> tuple[str, str]:
+    """The run names of a `--pairs RUN:AGAINST` of modes: the kernel runs when the study has them
+    (`--kernels-only`, `--compare-kernels`), else the simulator's."""
+    names = {r.name for r in runs}
+    return tuple(f"kernel_{mode}" if f"kernel_{mode}" in names else mode for mode in pair.split(":"))
+
+
 def counter_rates(mode: str, totals: dict, maxima: dict) -> dict:
     """The rates that matter for `mode` (a `SoftmaxConfig.mode`), from counters summed over a whole run.
 
@@ -336,17 +343,18 @@ def baps_restarts(
             raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
     heads, length, tiles = tile_max.shape
     blocks = -(-length // tile_m)
+    device = tile_max.device  # counted where the maxima are: a 16K block's tiles on the GPU
     rnd = torch.ceil if rounding == "ceil" else torch.round
     tm = torch.nn.functional.pad(tile_max, (0, 0, 0, blocks * tile_m - length), value=-math.inf)
     tm = tm.view(heads, blocks, tile_m, tiles)
-    last_row = torch.clamp(torch.arange(blocks) * tile_m + tile_m - 1, max=length - 1)
+    last_row = torch.clamp(torch.arange(blocks, device=device) * tile_m + tile_m - 1, max=length - 1)
     last_tile = last_row // tile_n  # (blocks,)
-    tile = torch.arange(tiles)
+    tile = torch.arange(tiles, device=device)
     in_b0 = (tile[None, :] == 0) | ((tile[None, :] == last_tile[:, None]) & (critical == "first_diag"))
     followed = ~in_b0 & (tile[None, :] <= last_tile[:, None])  # (blocks, tiles)
     m = rnd(torch.where(in_b0[None, :, None, :], tm, -math.inf).amax(-1))
     distance = torch.clamp(last_tile[:, None] - tile[None, :], max=2)  # (blocks, tiles)
-    restarts = torch.zeros(heads, blocks, 3, dtype=torch.int64)
+    restarts = torch.zeros(heads, blocks, 3, dtype=torch.int64, device=device)
     counted = torch.zeros_like(restarts)
     for j in range(tiles):
         x = tm[..., j]
@@ -374,14 +382,29 @@ def baps_restarts(
 
 BAPS_STUDY_LENGTHS = (512, 1024, 2048)
 BAPS_STUDY_TILE = 128
+# The reading the simulator's baps_l* modes implement (fa4_rowmax.reference, Note [BAPS]): block restarts,
+# B0 = the first tile, the integer max by ceil. The long-context study counts this one alone (a 16K block has
+# 128 tiles per row: every reading at every length would cost minutes per block).
+BAPS_REFERENCE_READING = ("block", "first", "ceil")
+BAPS_READING_SETS = ("all", "reference")
 
 
 @torch.inference_mode()
-def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 2), log=print) -> dict:
+def baps_restart_study(
+    workload: Workload,
+    blocks: torch.Tensor,
+    lambdas=(0, 1, 2),
+    log=print,
+    lengths: tuple[int, ...] = BAPS_STUDY_LENGTHS,
+    reading_set: str = "all",
+    time_budget_s: float | None = None,
+) -> dict:
     """ARR and PRR of every (granularity, critical set, rounding) reading, per sequence length and lambda.
 
     One exact (sdpa) forward pass per block; a recording attention function keeps each layer's tile maxima
-    (`tile_row_max`), from which every prefix length in BAPS_STUDY_LENGTHS up to the block size is counted.
+    (`tile_row_max`), from which every prefix length in `lengths` up to the block size is counted
+    (`reading_set="reference"`: only BAPS_REFERENCE_READING). The maxima stay on the model's device.
+    With `time_budget_s` no block starts that would end past it (as `run_study`); `num_blocks` says how many ran.
     ARR = restarts / followed tiles over all layers, heads and blocks; PRR = the largest share of any one
     output O_i (head, row block), and `prr_long` the same over outputs with >= 8 followed tiles.
     """
@@ -399,15 +422,24 @@ def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 
     AttentionMaskInterface.register("baps_restart_recorder", sdpa_mask)
     workload.model.set_attn_implementation("baps_restart_recorder")
     device = next(workload.model.parameters()).device
-    lengths = [n for n in BAPS_STUDY_LENGTHS if n <= blocks.shape[1]]
+    if reading_set not in BAPS_READING_SETS:
+        raise ValueError(f"reading_set must be one of {BAPS_READING_SETS}, got {reading_set!r}")
+    lengths = [n for n in lengths if n <= blocks.shape[1]]
     readings = [(g, c, r) for g in BAPS_GRANULARITIES for c in BAPS_CRITICAL_SETS for r in BAPS_ROUNDINGS]
+    if reading_set == "reference":
+        readings = [BAPS_REFERENCE_READING]
     sums = {}
+    started = time.perf_counter()
+    blocks_done = 0
     for b, block in enumerate(blocks):
+        elapsed = time.perf_counter() - started
+        if time_budget_s is not None and b > 0 and elapsed * (b + 1) / b > time_budget_s:
+            log(f"time budget {time_budget_s:.0f} s: stopping after {b} of {len(blocks)} blocks")
+            break
         tile_maxima.clear()
         workload.model(input_ids=block.to(device)[None], use_cache=False)
         log(f"block {b + 1}/{len(blocks)}: {len(tile_maxima)} layers recorded")
         for tm in tile_maxima.values():
-            tm = tm.cpu()
             for length, (g, c, r), lam in itertools.product(lengths, readings, lambdas):
                 counts = baps_restarts(
                     tm[:, :length, : -(-length // BAPS_STUDY_TILE)], lam, g, c, r, BAPS_STUDY_TILE, BAPS_STUDY_TILE
@@ -424,7 +456,8 @@ def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 
                 long_outputs = block_tiles >= 8
                 if bool(long_outputs.any()):
                     acc["prr_long"] = max(acc["prr_long"], float(share[long_outputs].max()))
-                acc["by_distance"] += torch.stack([counts["restarts_by_distance"], counts["tiles_by_distance"]])
+                acc["by_distance"] += torch.stack([counts["restarts_by_distance"], counts["tiles_by_distance"]]).cpu()
+        blocks_done = b + 1
     rows = []
     for (length, g, c, r, lam), acc in sums.items():
         restarts, tiles = acc["by_distance"]
@@ -442,7 +475,14 @@ def baps_restart_study(workload: Workload, blocks: torch.Tensor, lambdas=(0, 1, 
                 "tiles_by_distance": [int(t) for t in tiles],
             }
         )
-    return {"tile_m": BAPS_STUDY_TILE, "tile_n": BAPS_STUDY_TILE, "rows": rows}
+    return {
+        "tile_m": BAPS_STUDY_TILE,
+        "tile_n": BAPS_STUDY_TILE,
+        "lengths": lengths,
+        "num_blocks": blocks_done,
+        "num_blocks_requested": len(blocks),
+        "rows": rows,
+    }
 
 
 def baps_restart_markdown(study: dict) -> str:
@@ -450,8 +490,10 @@ def baps_restart_markdown(study: dict) -> str:
     lines = [
         "# BAPS restart rates under each reading of the rule",
         "",
-        f"- text: {meta['text_source']} (sha256 {meta['text_sha256'][:16]}...); blocks {meta['block_indices']} of "
-        f"{meta['block_size']} tokens; model: {meta['model']}",
+        f"- text: {meta['text_source']} (sha256 {meta['text_sha256'][:16]}...); "
+        f"{study.get('num_blocks', len(meta['block_indices']))} of {study.get('num_blocks_requested', '?')} blocks "
+        f"{meta['block_indices']} of {meta['block_size']} tokens; model: {meta['model']}",
+        f"- device: {meta.get('device', '?')}; torch {meta['torch']}; command: `{meta.get('command', '?')}`",
         f"- tiles {study['tile_m']} x {study['tile_n']}; ARR = restarts / followed tiles (unit: block-tile for "
         "`block`, (row, tile) pair for `row`); PRR = largest share of one output O_i; PRR long = over outputs "
         "with >= 8 followed tiles; by distance = ARR of the block's last tile (0), the one before (1), the rest (2+)",
@@ -734,7 +776,8 @@ def markdown_report(report: dict) -> str:
             "",
             "## Paired differences (run minus against, same blocks)",
             "",
-            "| run - against | delta-NLL (nats) [95% CI] | KL (nats/token) [95% CI] | top-1 agreement (points) [95% CI] |",
+            "| run - against | delta-NLL (nats) [95% CI] | KL (nats/token) [95% CI] "
+            "| top-1 agreement (points) [95% CI] |",
             "| --- | --- | --- | --- |",
         ]
         for pair, d in report["paired"].items():
@@ -807,6 +850,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="count BAPS restarts under each reading of the rule (exact attention, no scoring)",
     )
     parser.add_argument(
+        "--baps-lengths",
+        nargs="+",
+        type=int,
+        default=list(BAPS_STUDY_LENGTHS),
+        metavar="N",
+        help=f"--baps-restart-study: prefix lengths to count, each <= --block-size (default {BAPS_STUDY_LENGTHS})",
+    )
+    parser.add_argument(
+        "--baps-readings",
+        choices=BAPS_READING_SETS,
+        default="all",
+        help="--baps-restart-study: every reading of the rule, or the simulator's (block, first tile, ceil) alone",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="continue the run whose quality_<tag>.json is in --out (same model, text, blocks and runs): "
@@ -841,6 +898,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--pairs {pair}: {missing} not in --modes {args.modes}")
     if args.blocks < 1 or args.block_size < 2:
         parser.error("--blocks must be >= 1 and --block-size >= 2")
+    if args.baps_restart_study:
+        too_long = [n for n in args.baps_lengths if not 1 <= n <= args.block_size]
+        if too_long:
+            parser.error(f"--baps-lengths {too_long}: each must be in [1, --block-size {args.block_size}]")
     if args.time_budget_s is not None and args.time_budget_s <= 0:
         parser.error("--time-budget-s must be positive")
     if not args.tag:
@@ -970,9 +1031,23 @@ def main(argv=None) -> dict | None:
     order = np.random.default_rng(BLOCK_ORDER_SEED).permutation(len(blocks))
     blocks, indices = blocks[torch.from_numpy(order)], [indices[i] for i in order]
     if args.baps_restart_study:
-        study = baps_restart_study(workload, blocks, log=print)
+        study = baps_restart_study(
+            workload,
+            blocks,
+            log=print,
+            lengths=tuple(args.baps_lengths),
+            reading_set=args.baps_readings,
+            time_budget_s=args.time_budget_s,
+        )
         study["meta"] = dict(
-            workload.provenance, block_size=args.block_size, block_indices=indices, torch=torch.__version__
+            workload.provenance,
+            block_size=args.block_size,
+            block_indices=indices[: study["num_blocks"]],
+            torch=torch.__version__,
+            device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            git_commit=git_commit,
+            command="python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            wall_seconds=time.perf_counter() - started,
         )
         _write_results(args.out, args.tag, study, baps_restart_markdown(study))
         return study
@@ -1007,7 +1082,7 @@ def main(argv=None) -> dict | None:
         report = dict(report)
         blocks_done = report.pop("blocks_done")
         baseline_seconds = report.pop("baseline_seconds")
-        report["paired"] = {pair: paired_difference(report["runs"], *pair.split(":")) for pair in args.pairs}
+        report["paired"] = {pair: paired_difference(report["runs"], *pair_runs(pair, runs)) for pair in args.pairs}
         sessions = list(previous["meta"].get("sessions", [])) if previous else []
         sessions.append(
             dict(

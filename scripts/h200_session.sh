@@ -7,8 +7,16 @@
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick, the H200 launch tuning
 #   bash scripts/h200_session.sh qualityfp8 OUT   # SmolLM2-135M: the FP8 modes through the kernel and the simulator
 #   bash scripts/h200_session.sh qwen05 OUT       # Qwen2.5-0.5B on Austen, 97 blocks, every kernel mode (issue 12)
+#   bash scripts/h200_session.sh qwen15k OUT      # Qwen2.5-1.5B, 97 blocks, every kernel mode, kernels only
+#   bash scripts/h200_session.sh qwen15c OUT      # Qwen2.5-1.5B, every kernel mode and its simulator twin (>= 32 blocks)
+#   bash scripts/h200_session.sh qwen15s OUT      # Qwen2.5-1.5B, the simulator-only modes (>= 32 blocks)
+#   bash scripts/h200_session.sh qwen15long OUT   # Qwen2.5-1.5B at 8K and 16K blocks: exact vs H15 t0/t8 through
+#                                                 # FA4, BAPS restart rates at 2K-16K prefixes
 # Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
-# quality steps read the bundle's data at /tmp/devdata (python-doc/, austen/, qwen2.5-0.5b/model.gguf).
+# quality steps read the bundle's data at /tmp/devdata (python-doc/, austen/, qwen2.5-0.5b/model.gguf; the
+# qwen15* steps qwen2.5-1.5b/model.gguf: `prepare.sh --data .cache/quality_device/qwen2.5-1.5b gguf==0.19.0`).
+# Each quality step's --time-budget-s counts scoring only: its timeout leaves ~90 s for the 1.5B's load and
+# the kernel compiles; a cut run continues with the same command plus --resume (docs/measurements.md).
 set -uo pipefail
 STEP=$1; OUT=$2
 mkdir -p "$OUT"
@@ -18,6 +26,12 @@ python3 -m fa4_rowmax.patching apply >/dev/null
 FP8_BENCH_KERNELS="gemm_fp8 fa3_fp8 cudnn_fp8 fa4_stock_bf16 fa3_bf16 fa4_fp8_exact_n192 fa4_fp8_exact_n192_mma \
   fa4_fp8_exact_n192_b0.125 fa4_fp8_exact_n192_b0.25 fa4_fp8_h15_n192 fa4_fp8_h15_fold_n192 fa4_fp8_h15_sat_n192 \
   fa4_fp8_h15_fold_n192_mma fa4_fp8_exact_noexp_n192"
+# Qwen2.5-1.5B steps (issue 12): the common options, every mode with a kernel, and RESUME=--resume to continue
+# a cut run whose quality_<tag>.json was copied into OUT first.
+Q15="--device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-1.5b --block-size 2048"
+KERNEL_MODES="exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fused_mxfp6 fused_mxfp4 fused_hybrid \
+  exact_fp8 rowmax_h15_fp8"
+RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen15k/c/s step's scoring budget
 case "$STEP" in
   bench)
     python3 -m bench --fp8 --seqlens 8K 16K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_focus \
@@ -51,6 +65,32 @@ case "$STEP" in
       --block-size 2048 --blocks 97 --kernels-only --time-budget-s 480 --tag qwen25-05b_austen_kernels_only \
       --modes exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fused_mxfp6 fused_mxfp4 fused_hybrid \
       exact_fp8 rowmax_h15_fp8 --out "$OUT" > "$OUT/qwen05.log" 2>&1; tail -25 "$OUT/qwen05.log" ;;
-  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8 or qwen05; got '$STEP'" >&2
+  qwen15k)
+    timeout 560 python3 -m bench.quality $Q15 --blocks 97 --kernels-only --time-budget-s ${BUDGET:-430} $RESUME \
+      --tag qwen25-15b_austen_kernels_only --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen15k.log" 2>&1
+    tail -16 "$OUT/qwen15k.log" ;;
+  qwen15c)
+    timeout 560 python3 -m bench.quality $Q15 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-430} $RESUME \
+      --tag qwen25-15b_austen_kernels --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen15c.log" 2>&1
+    tail -26 "$OUT/qwen15c.log" ;;
+  qwen15s)
+    timeout 560 python3 -m bench.quality $Q15 --blocks 97 --time-budget-s ${BUDGET:-420} $RESUME --tag qwen25-15b_austen_full_sim \
+      --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/qwen15s.log" 2>&1
+    tail -10 "$OUT/qwen15s.log" ;;
+  qwen15long)
+    timeout 200 python3 -m bench.quality $Q15 --block-size 8192 --blocks 24 --kernels-only --time-budget-s 120 \
+      --tag qwen25-15b_austen_8k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
+      --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_8k.log" 2>&1
+    tail -8 "$OUT/qwen15_8k.log"
+    timeout 170 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --kernels-only --time-budget-s 90 \
+      --tag qwen25-15b_austen_16k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
+      --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_16k.log" 2>&1
+    tail -8 "$OUT/qwen15_16k.log"
+    timeout 200 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --baps-restart-study \
+      --baps-lengths 2048 4096 8192 16384 --baps-readings reference --time-budget-s 110 \
+      --tag qwen25-15b_austen_baps_restarts_16k --out "$OUT" > "$OUT/qwen15_baps.log" 2>&1
+    tail -16 "$OUT/qwen15_baps.log" ;;
+  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
+       "qwen15s or qwen15long; got '$STEP'" >&2
      exit 2 ;;
 esac

@@ -136,6 +136,15 @@ def test_paired_difference():
         quality.paired_difference(runs, "c", "a")
 
 
+def test_pairs_name_the_kernel_runs_when_the_study_has_them():
+    modes = ["rowmax_h15_t8", "rowmax_h15_t0"]
+    pair = "rowmax_h15_t8:rowmax_h15_t0"
+    assert quality.pair_runs(pair, quality.plan_runs(modes, False)) == ("rowmax_h15_t8", "rowmax_h15_t0")
+    for compare, only in ((True, False), (False, True)):
+        runs = quality.plan_runs(modes, compare, kernels_only=only)
+        assert quality.pair_runs(pair, runs) == ("kernel_rowmax_h15_t8", "kernel_rowmax_h15_t0")
+
+
 def test_tile_row_max_matches_a_loop():
     torch.manual_seed(4)
     q, k = torch.randn(6, 45, 64), torch.randn(2, 45, 64)  # GQA, 45 rows: a ragged last tile of 16
@@ -222,6 +231,27 @@ def _tiny_llama(num_tokens: int):
         tie_word_embeddings=True,
     )
     return transformers.LlamaForCausalLM(config).eval(), torch.randint(0, 97, (num_tokens,))
+
+
+def test_baps_restart_study_reference_reading_lengths_and_budget():
+    # The long-context options: the reference reading alone gives the same rows as in the full set, only the
+    # lengths asked for are counted, and a budget spent by the first block stops the study after it.
+    model, tokens = _tiny_llama(1024)
+    workload = quality.Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
+    blocks = tokens.view(4, 256)
+    every = quality.baps_restart_study(workload, blocks, log=lambda *_: None, lengths=(128, 256))
+    alone = quality.baps_restart_study(workload, blocks, log=lambda *_: None, lengths=(256,), reading_set="reference")
+    reading = dict(zip(("granularity", "critical", "rounding"), quality.BAPS_REFERENCE_READING))
+    expected = [r for r in every["rows"] if r["seqlen"] == 256 and all(r[k] == v for k, v in reading.items())]
+    assert alone["rows"] == expected and len(expected) == 3  # lambda 0, 1, 2
+    assert {r["seqlen"] for r in every["rows"]} == {128, 256} and alone["num_blocks"] == 4
+    assert all(sum(r["tiles_by_distance"]) > 0 for r in alone["rows"])  # tiles were followed and counted
+    cut = quality.baps_restart_study(workload, blocks, log=lambda *_: None, reading_set="reference", time_budget_s=1e-9)
+    assert (cut["num_blocks"], cut["num_blocks_requested"]) == (1, 4)
+    with pytest.raises(ValueError, match="reading_set must be one of"):
+        quality.baps_restart_study(workload, blocks, reading_set="some")
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--baps-restart-study", "--block-size", "512", "--baps-lengths", "1024"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
