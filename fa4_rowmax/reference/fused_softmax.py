@@ -42,6 +42,33 @@ MXFP4 keeps six-bit P). The row sum ``l`` is the sum of the *same quantized* ``P
 ones vector in the kernel), so numerator and denominator agree. Blocks are aligned to the key index
 within the sequence (tiles start at multiples of the tile size, a multiple of 32).
 
+Note [Folded Schraudolph]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+``exp_fold=True`` folds the frozen-max subtraction and the Schraudolph linear map into the score GEMM
+(the paper's GEMM that "yields P's exponent-and-mantissa bits"). With ``c = fl32(softmax_scale * log2 e)``:
+- Q is prescaled by ``128 c`` (``folded_q_prescale``: ``128 * c``, exact in fp32) before its MX quantization:
+  ``Qf = quantize(fl32(Q * 128 c))``. ``128 c`` is no power of two, so it cannot ride in the E8M0 scale; Qf's
+  elements are not Q's, so the fold changes the scores by Q's rounding, not by an fp32 ulp.
+- Each row carries an fp32 addend ``C`` (0 until the row's max is set) and the GEMM starts from it:
+  ``z = fl32(C + S)`` with ``S = Qf K^T`` (the reference rounds the dot and then adds; a kernel adds inside
+  its MFMA/MMA sum, in the hardware's order). Masked keys get ``z = -inf``.
+- The row's tile max is ``max z``. The max *moves* on the row's first tile with a key (``C`` was 0, so ``z``
+  is the raw score ``S``: 128 times the log2-unit score up to Qf's rounding) and on a recovery, a tile with
+  ``max z > B``, ``B = fl32(16256 + 128 * recovery_threshold)`` (``folded_recovery_bound``; the rule
+  ``x_max > m + threshold`` of Note [Frozen reference max] times 128, in ``z`` units). Where it moves, the
+  shift ``D = fl32(16256 - max z)`` is added to the addend (``C = fl32(C + D)``) and to the tile
+  (``z = fl32(z + D)``: the re-derivation, one more rounding; the tile's max lands on 16256, P = 1). The
+  frozen max in log2 units is ``m = fl32(16256 - C) / 128`` (exact when C is in [8128, 32512], Sterbenz: max
+  scores in [-127, 63.5] log2 units); ``O`` and ``l`` are rescaled by ``exp2(m_old - m_new)`` on a recovery
+  and the LSE is ``m + log2(l)``, as before.
+- P's BF16 bits are ``clamp(RNE(z), 0, 0x7F80)`` (NaN stays NaN, ``-inf`` gives 0): ``folded_schraudolph_bf16``.
+  Then P is MX-quantized and summed as in Note [Two-stage P and the row sum].
+Against the unfolded form on the same scores (``x = S / 128``, exact) the bits' argument
+``16256 + 128 (x - m)`` is rounded at the addend's magnitude: after the step ``z <= B < 2**15`` (17280 at the
+default threshold), where fp32's ulp is at most ``2**-9``, against ``2**-13``-ish for the separately
+rounded ``x - m``; ``aiter_fused/tolerances.py`` Note [Folded Schraudolph tolerance] turns that into the
+kernel-vs-reference bounds.
+
 Note [Operand quantization]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The MX GEMMs need their block scales constant along the reduction: ``Q`` and ``K`` are quantized in
@@ -68,6 +95,10 @@ __all__ = [
     "operand_element_format",
     "p_element_format",
     "schraudolph_bf16",
+    "folded_schraudolph_bf16",
+    "folded_q_prescale",
+    "folded_recovery_bound",
+    "folded_max_step",
     "quantize_p",
     "quantize_operands",
     "needs_recovery",
@@ -130,6 +161,45 @@ def schraudolph_bf16(y: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(y), torch.full_like(p, float("nan")), p)
 
 
+def folded_schraudolph_bf16(z: torch.Tensor) -> torch.Tensor:
+    """P's BF16 from the folded score GEMM's ``z`` (float32, the bits as a float, Note [Folded Schraudolph]):
+    bits ``clamp(RNE(z), 0, 0x7F80)`` by the same magic-number rounding as ``schraudolph_bf16`` (exact for
+    ``|z| < 2**22``; below that the result is negative and clamps to 0); ``-inf`` gives 0, NaN stays NaN."""
+    if not isinstance(z, torch.Tensor) or z.dtype != torch.float32:
+        raise TypeError(f"z must be a float32 torch.Tensor; got {getattr(z, 'dtype', type(z).__name__)}")
+    bits = ((z + _ROUND_MAGIC) - _ROUND_MAGIC).clamp(0.0, 0x7F80)
+    p = bits.to(torch.int16).view(torch.bfloat16)
+    return torch.where(torch.isnan(z), torch.full_like(p, float("nan")), p)
+
+
+def folded_q_prescale(softmax_scale: float) -> float:
+    """``128 * fl32(softmax_scale * log2 e)``, exact in fp32: the factor Q takes before its MX quantization
+    with ``exp_fold`` (Note [Folded Schraudolph]). ``c`` is rounded to fp32 as the kernel's ``scale_log2``."""
+    return 128.0 * torch.tensor(softmax_scale * math.log2(math.e), dtype=torch.float32).item()
+
+
+def folded_recovery_bound(recovery_threshold: float) -> float:
+    """``B = fl32(16256 + 128 * fl32(recovery_threshold))``: a tile recovers when its ``max z`` exceeds it
+    (Note [Folded Schraudolph])."""
+    threshold = torch.tensor(recovery_threshold, dtype=torch.float32)
+    return (threshold * 128.0 + _SCHRAUDOLPH_BIAS).item()
+
+
+def folded_max_step(frozen_max: torch.Tensor, addend: torch.Tensor, tile_max: torch.Tensor, recovery_bound: float):
+    """``frozen_max_step`` in the folded form (Note [Folded Schraudolph]): ``tile_max`` is the tile's
+    ``max z``. Returns ``(new_max, new_addend, shift, rescale, recovered)``: the shift ``D`` to add to the
+    tile's ``z`` (0 where the max did not move), and ``rescale`` for ``O`` and ``l`` as ``frozen_max_step``'s."""
+    first = ~torch.isfinite(frozen_max) & torch.isfinite(tile_max)
+    recovered = torch.isfinite(frozen_max) & (tile_max > recovery_bound)
+    moved = first | recovered
+    shift = torch.where(moved, _SCHRAUDOLPH_BIAS - tile_max, torch.zeros_like(tile_max))
+    new_addend = addend + shift
+    new_max = torch.where(moved, (_SCHRAUDOLPH_BIAS - new_addend) / 128.0, frozen_max)
+    rescale = torch.where(recovered, torch.exp2(frozen_max - new_max), torch.ones_like(frozen_max))
+    rescale = torch.where(first, torch.zeros_like(rescale), rescale)
+    return new_max, new_addend, shift, rescale, recovered
+
+
 def quantize_p(p: torch.Tensor, mx_format: str) -> torch.Tensor:
     """MX round trip of P along its last dim (keys) in blocks of 32, in the P element format.
     Returns float32 values. The caller aligns the last dim's start with a multiple of 32."""
@@ -148,15 +218,22 @@ def _quantize_along_keys(v: torch.Tensor, fmt: str, key_dim: int, cu_seqlens: Op
 
 
 def quantize_operands(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mx_format: str, cu_seqlens_k: Optional[torch.Tensor] = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mx_format: str,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    q_prescale: float = 1.0,
 ):
     """MX round trip of the three operands, as float32: Q and K in blocks of 32 along head_dim, V in
     blocks of 32 along keys (dim 1 of (batch, seqlen, heads, head_dim); varlen (total, heads, head_dim)
-    with ``cu_seqlens_k``: dim 0, per sequence). See Note [Operand quantization]."""
+    with ``cu_seqlens_k``: dim 0, per sequence). See Note [Operand quantization]. ``q_prescale`` (an fp32
+    value) multiplies Q in fp32 before its quantization (``folded_q_prescale``, Note [Folded Schraudolph])."""
     fmt = operand_element_format(mx_format)
     key_dim = 0 if cu_seqlens_k is not None else 1
+    q = q.float() if q_prescale == 1.0 else q.float() * q_prescale
     return (
-        fake_quantize_mx(q.float(), fmt, MX_BLOCK, dim=-1),
+        fake_quantize_mx(q, fmt, MX_BLOCK, dim=-1),
         fake_quantize_mx(k.float(), fmt, MX_BLOCK, dim=-1),
         _quantize_along_keys(v, fmt, key_dim, cu_seqlens_k),
     )
@@ -193,8 +270,9 @@ def hybrid_format(step: int, num_steps: int, edge_steps: int = 3) -> str:
     return "mxfp6" if step < edge_steps or step >= num_steps - edge_steps else "mxfp4"
 
 
-def _dense_reference(q, k, v, causal, scale_log2, mx_format, recovery_threshold, tile_n):
-    """The tile loop. q (b, h, sq, d), k/v (b, h, sk, d): float32, already MX-quantized."""
+def _dense_reference(q, k, v, causal, scale_log2, mx_format, recovery_threshold, tile_n, exp_fold):
+    """The tile loop. q (b, h, sq, d), k/v (b, h, sk, d): float32, already MX-quantized (with ``exp_fold``,
+    q prescaled first: Note [Folded Schraudolph])."""
     batch, heads, seqlen_q, _ = q.shape
     seqlen_k = k.shape[2]
     out = torch.zeros(batch, heads, seqlen_q, v.shape[-1], dtype=torch.float32, device=q.device)
@@ -202,18 +280,27 @@ def _dense_reference(q, k, v, causal, scale_log2, mx_format, recovery_threshold,
     frozen = torch.full_like(row_sum, -math.inf)
     recoveries = torch.zeros(batch, heads, seqlen_q, dtype=torch.int64, device=q.device)
     rows = torch.arange(seqlen_q, device=q.device)[:, None]
+    addend = torch.zeros_like(row_sum)  # exp_fold: the score GEMM's per-row start, 0 until the max is set
+    recovery_bound = folded_recovery_bound(recovery_threshold)
     for start in range(0, seqlen_k, tile_n):
         keys = torch.arange(start, min(start + tile_n, seqlen_k), device=q.device)
-        x = (q @ k[:, :, keys].transpose(-1, -2)) * scale_log2
+        scores = q @ k[:, :, keys].transpose(-1, -2)
+        x = scores + addend[..., None] if exp_fold else scores * scale_log2
         if causal:
             x = x.masked_fill(keys[None, :] > rows + (seqlen_k - seqlen_q), -math.inf)
         tile_max = x.amax(dim=-1)
-        frozen, rescale, recovered = frozen_max_step(frozen, tile_max, recovery_threshold)
+        if exp_fold:  # x is z, the folded GEMM's output (Note [Folded Schraudolph])
+            frozen, addend, shift, rescale, recovered = folded_max_step(frozen, addend, tile_max, recovery_bound)
+        else:
+            frozen, rescale, recovered = frozen_max_step(frozen, tile_max, recovery_threshold)
         recoveries += recovered
         out *= rescale[..., None]
         row_sum *= rescale
-        p = schraudolph_bf16(x - frozen[..., None]).float()
-        p = p.masked_fill(x == -math.inf, 0.0)  # also the rows whose max is not set yet (-inf - -inf)
+        if exp_fold:
+            p = folded_schraudolph_bf16(x + shift[..., None]).float()
+        else:
+            p = schraudolph_bf16(x - frozen[..., None]).float()
+            p = p.masked_fill(x == -math.inf, 0.0)  # also the rows whose max is not set yet (-inf - -inf)
         p = quantize_p(p, mx_format)
         row_sum += p.sum(dim=-1)
         out += p @ v[:, :, keys]
@@ -231,9 +318,12 @@ def fused_softmax_attention_reference(
     recovery_threshold: float = 8.0,
     tile_n: int = 128,
     return_counters: bool = False,
+    exp_fold: bool = False,
 ):
     """Fused-Softmax attention, dense layout (batch, seqlen, heads, head_dim), GQA, causal aligned
     bottom-right. Pure torch, float32 throughout (the MX-quantized operands are exact in float32).
+    ``exp_fold=True``: the frozen max and the Schraudolph map folded into the score GEMM, Q prescaled
+    before its quantization (Note [Folded Schraudolph]).
 
     Returns ``(out, lse)`` (out float32 like q; lse float32 natural log, (batch, heads_q, seqlen_q)),
     or ``(out, lse, counters)`` with ``counters = {"tiles", "recoveries"}`` (per-row recoveries as an
@@ -248,14 +338,17 @@ def fused_softmax_attention_reference(
     heads_q, heads_k = q.shape[2], k.shape[2]
     if heads_q % heads_k:
         raise ValueError(f"heads_q ({heads_q}) must be a multiple of heads_k ({heads_k})")
+    if not isinstance(exp_fold, bool):
+        raise TypeError(f"exp_fold must be a bool; got {type(exp_fold).__name__}")
     softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    qq, kq, vq = quantize_operands(q, k, v, mx_format)
+    q_prescale = folded_q_prescale(softmax_scale) if exp_fold else 1.0
+    qq, kq, vq = quantize_operands(q, k, v, mx_format, q_prescale=q_prescale)
     group = heads_q // heads_k
     qq = qq.transpose(1, 2)
     kq = kq.transpose(1, 2).repeat_interleave(group, dim=1)
     vq = vq.transpose(1, 2).repeat_interleave(group, dim=1)
     out, row_sum, frozen, recoveries = _dense_reference(
-        qq, kq, vq, causal, softmax_scale * math.log2(math.e), mx_format, recovery_threshold, tile_n
+        qq, kq, vq, causal, softmax_scale * math.log2(math.e), mx_format, recovery_threshold, tile_n, exp_fold
     )
     masked = row_sum == 0
     out = torch.where(masked[..., None], torch.zeros_like(out), out / row_sum[..., None])
