@@ -33,6 +33,7 @@ from aiter_fused.launch import Launch, launch_for
 from fa4_rowmax.reference.fused_softmax import (
     check_mx_format,
     check_recovery_threshold,
+    folded_q_prescale,
     operand_element_format,
     p_element_format,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "DOT_MODES",
     "HEAD_DIMS",
     "ROW_SUMS",
+    "EXP_FOLD_DOT_MODES",
     "TILE_SIZES",
 ]
 
@@ -52,6 +54,7 @@ TILE_SIZES = (32, 64, 128)
 DOT_MODES = ("bf16", "fp8", "scaled")
 ROW_SUMS = ("reduce", "gemm")  # Note [Row sum by GEMM] in kernel.py
 ROW_SUM_GEMM_DOT_MODES = ("bf16", "scaled")
+EXP_FOLD_DOT_MODES = ("bf16", "scaled")  # Note [Folded Schraudolph] in kernel.py
 
 
 def _interpreting() -> bool:
@@ -117,6 +120,19 @@ def _check_row_sum(row_sum, exact: bool, dot_mode: str) -> None:
         )
 
 
+def _check_exp_fold(exp_fold, exact: bool, dot_mode: str) -> None:
+    """``exp_fold=True`` (Note [Folded Schraudolph] in ``kernel.py``) needs a score dot with an fp32 accumulator
+    to start from the addend, and Schraudolph P: "bf16" and "scaled"; not "fp8" (per-chunk FP8 dots combined
+    outside the MMA) nor the exact twin (exact exp2)."""
+    if not isinstance(exp_fold, bool):
+        raise TypeError(f"exp_fold must be a bool; got {type(exp_fold).__name__}")
+    if exp_fold and (exact or dot_mode not in EXP_FOLD_DOT_MODES):
+        raise ValueError(
+            f"exp_fold=True takes the MX dot modes {EXP_FOLD_DOT_MODES}; got "
+            f"{'exact=True' if exact else f'dot_mode={dot_mode!r}'}"
+        )
+
+
 def _launch(
     q,
     k,
@@ -134,6 +150,7 @@ def _launch(
     return_recoveries,
     launch,
     row_sum,
+    exp_fold,
 ):
     """Varlen launch. Returns out (total_q, heads_q, head_dim), lse (heads_q, total_q), recoveries."""
     import triton
@@ -159,6 +176,7 @@ def _launch(
     if dot_mode not in launch.dot_modes:
         raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")
     _check_row_sum(row_sum, exact, dot_mode)
+    _check_exp_fold(exp_fold, exact, dot_mode)
     tile_n = launch.tile_n if tile_n is None else tile_n
     if tile_n not in TILE_SIZES:
         raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES}; got {tile_n!r}")
@@ -178,7 +196,8 @@ def _launch(
         check_fits_e4m3(fmt)
         check_fits_e4m3(p_element_format(mx_format))
         packed = operand_format == "e2m1"
-        q_scale, q_in = quantize_head_dim(q, fmt, pack_e2m1=packed)
+        q_prescale = folded_q_prescale(softmax_scale) if exp_fold else None  # Note [Folded Schraudolph]
+        q_scale, q_in = quantize_head_dim(q, fmt, pack_e2m1=packed, prescale=q_prescale)
         k_scale, k_in = quantize_head_dim(k, fmt, pack_e2m1=packed)
         v_in, v_scale, cu_blocks = quantize_keys(
             v, fmt, cu_seqlens_k, keys_contiguous=dot_mode == "fp8", pack_e2m1=packed
@@ -238,6 +257,7 @@ def _launch(
         RETURN_RECOVERIES=return_recoveries,
         KV_TILE_OFFSETS=launch.kv_tile_offsets,
         ROW_SUM_GEMM=row_sum == "gemm",
+        EXP_FOLD=exp_fold,
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits,
         P_MIN_EXPONENT=p_spec.min_normal_exponent,
@@ -265,6 +285,7 @@ def fused_softmax_attention(
     return_recoveries: bool = False,
     launch: Optional[Launch] = None,
     row_sum: str = "reduce",
+    exp_fold: bool = False,
 ):
     """Fused-Softmax attention forward. q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
     heads_k, head_dim), BF16, head_dim in ``HEAD_DIMS``, heads_q a multiple of heads_k (GQA); causal
@@ -277,7 +298,9 @@ def fused_softmax_attention(
     (tuning: ``scripts/aiter_fused_h200_tune.py``; its ``block_m``, ``num_warps`` and ``num_stages`` change no
     value, its ``tile_n`` is the default tile); ``row_sum``: one of ``ROW_SUMS``, "reduce" (a row reduction of
     P) or "gemm" (a matrix multiply of the P that enters P@V, dot modes "bf16" and "scaled": Note [Row sum by
-    GEMM] in ``kernel.py``)."""
+    GEMM] in ``kernel.py``); ``exp_fold=True``: the frozen max and the Schraudolph map folded into the score GEMM,
+    Q quantized after a prescale by ``128 * softmax_scale * log2 e`` (dot modes "bf16" and "scaled": Note
+    [Folded Schraudolph] in ``kernel.py``; the reference's ``exp_fold``)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
@@ -305,6 +328,7 @@ def fused_softmax_attention(
         return_recoveries,
         launch,
         row_sum,
+        exp_fold,
     )
     out = out.reshape(batch, seqlen_q, heads_q, head_dim)
     lse = lse.reshape(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
@@ -335,12 +359,13 @@ def fused_softmax_attention_varlen(
     validate: bool = True,
     launch: Optional[Launch] = None,
     row_sum: str = "reduce",
+    exp_fold: bool = False,
 ):
     """Varlen twin: q (total_q, heads_q, head_dim), k/v (total_k, heads_k, head_dim), int32 cu_seqlens
     (batch + 1) on q's device. Returns out like q and lse float32 (heads_q, total_q) (and recoveries
     like lse with ``return_recoveries=True``). ``max_seqlen_k`` is accepted for FlashAttention's
-    signature; the kernel reads the key lengths from ``cu_seqlens_k``. ``launch`` and
-    ``row_sum`` as in ``fused_softmax_attention``.
+    signature; the kernel reads the key lengths from ``cu_seqlens_k``. ``launch``, ``row_sum`` and
+    ``exp_fold`` as in ``fused_softmax_attention``.
 
     ``validate=True`` checks the offsets' contents (start at 0, never decrease, end at the token
     counts, no query sequence longer than ``max_seqlen_q``): a host read of GPU data, so one sync per
@@ -380,6 +405,7 @@ def fused_softmax_attention_varlen(
         return_recoveries,
         launch,
         row_sum,
+        exp_fold,
     )
     result = (out, lse) if return_lse else (out,)
     if return_recoveries:

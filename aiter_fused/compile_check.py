@@ -68,6 +68,7 @@ class Config:
     tile_n: Optional[int] = None
     pack_e2m1: bool = False  # quantizers: the packed e2m1 output of the "scaled" mode at MXFP4
     row_sum: str = "reduce"  # attention: one of attention.ROW_SUMS (Note [Row sum by GEMM] in kernel.py)
+    exp_fold: bool = False  # attention: Note [Folded Schraudolph] in kernel.py
 
     @property
     def name(self) -> str:
@@ -77,6 +78,7 @@ class Config:
         return (
             f"attention/{mode}/{self.mx_format}/hd{self.head_dim}/{'causal' if self.causal else 'dense'}/n{self.tile_n}"
             + ("" if self.row_sum == "reduce" else f"/row_sum_{self.row_sum}")
+            + ("/exp_fold" if self.exp_fold else "")
         )
 
 
@@ -135,6 +137,7 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
             RETURN_RECOVERIES=False,
             KV_TILE_OFFSETS=launch.kv_tile_offsets,
             ROW_SUM_GEMM=config.row_sum == "gemm",
+            EXP_FOLD=config.exp_fold,
             P_MANTISSA=p["MANTISSA"],
             P_MIN_EXPONENT=p["MIN_EXPONENT"],
             P_MAX_NORMAL=p["MAX_NORMAL"],
@@ -147,15 +150,16 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
     else:
         fmt = operand_element_format(config.mx_format)
         constants = dict(HEAD_DIM=config.head_dim, **_format_constants(fmt), PACK_E2M1=config.pack_e2m1)
+        floats = ()
         if config.kernel == "quantize_head_dim":
             kernel, pointers = _quantize_head_dim_kernel, dict(X="*i16", Elements="*u8", Scale="*u8")
-            constants["BLOCK_T"] = 16
+            constants.update(BLOCK_T=16, PRESCALED=False)
+            floats = ("prescale",)
         else:
             kernel, pointers = (
                 _quantize_keys_kernel,
                 dict(V="*i16", Elements="*u8", Scale="*u8", cu_seqlens="*i32", cu_blocks="*i32", seq_of_block="*i32"),
             )
-        floats = ()
     signature = {
         name: pointers.get(name, "constexpr" if name in constants else "fp32" if name in floats else "i32")
         for name in kernel.arg_names

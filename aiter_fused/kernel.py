@@ -189,6 +189,27 @@ instructions), so the frozen max and every recovery decision are unchanged, and 
 reference holds as before. ``tests/test_aiter_fused_kernel.py`` holds gemm to reduce by the bound under the
 interpreter (fp32 dots). On a GPU the bound assumes the MFMA/MMA sums its products in fp32; the order and
 precision inside the instruction are the hardware's and not checked here (no MI355X run yet).
+
+Note [Folded Schraudolph]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+``exp_fold=True`` (``EXP_FOLD``; "bf16" and "scaled" only, off by default) computes P the way
+``fa4_rowmax.reference.fused_softmax`` Note [Folded Schraudolph] defines it: Q arrives quantized after a
+prescale by ``128 c`` (``quantize_head_dim``'s ``prescale``), the score dot's accumulator starts at the
+per-row addend (``tl.dot(q, k, addend)`` / ``tl.dot_scaled(..., addend)``: on gfx950 the MFMA's C operand), so
+the dot yields ``z``, the Schraudolph bits as a float, and P is ``_folded_schraudolph_p``: the magic-number
+rounding, one clamp, the convert and the NaN select. No ``x = s * c``, no ``x - m``, no ``* 128 + 16256``, no
+clamp of ``y`` and no ``-inf`` select (``z = -inf`` rounds and clamps to 0). The addend is 0 until a row's max
+is set, so the first tile's ``z`` is the raw prescaled score. ``_folded_max_step`` takes the tile max of
+``z`` (always: Note [Frozen reference max]), recovers where it exceeds ``16256 + 128 * recovery_threshold``
+(computed in fp32 as the reference's ``folded_recovery_bound``), and where the max moves (first tile or
+recovery) adds the shift ``16256 - max z`` to the addend and to the tile's ``z`` (the re-derivation): a branch
+taken on a block's first tile and on recoveries only. ``m = (16256 - addend) / 128`` feeds the rescale and the
+LSE as before. The interpreter's dot is ``fl(matmul) + acc`` (the reference's order up to the matmul's own);
+an MFMA adds the addend inside its sum, in the hardware's order and precision: ``z`` then carries fp32 roundings
+at ``|z| < 2**15`` (ulp ``2**-9``), ``aiter_fused/tolerances.py`` Note [Folded Schraudolph tolerance]. Not for
+"fp8" (its scores are per-chunk FP8 dots combined outside the MMA by scale FMAs, Note [MX dots, per
+architecture]: no accumulator to start from the addend) nor the exact twin (no Schraudolph P). Works with
+``row_sum="gemm"``: the fold changes how P is made, not how it is summed.
 """
 
 import triton
@@ -198,6 +219,7 @@ import triton.language as tl
 # also reads plain globals, so test_aiter_fused_kernel.py::test_kernel_compiles_for_sm90 guards this.
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it - it rounds x to an integer, ties to even
 _SCHRAUDOLPH_MAGIC = tl.constexpr(12599168.0)  # 1.5 * 2**23 + 127 * 128
+_SCHRAUDOLPH_BIAS = tl.constexpr(16256.0)  # 127 * 128: BF16 bits of 1.0 (Note [Folded Schraudolph])
 _ROW_SUM_N = tl.constexpr(32)  # the ones block's columns: one 32-wide MFMA column block (Note [Row sum by GEMM])
 
 
@@ -326,6 +348,39 @@ def _schraudolph_p(x, m):
 
 
 @triton.jit
+def _folded_max_step(m, addend, z, acc, row_sum, recoveries, recovery_bound, ROW_SUM_GEMM: tl.constexpr = False):
+    """Note [Folded Schraudolph]: ``_frozen_max_step`` on the folded GEMM's ``z``. Where the max moves (a row's
+    first tile, or ``max z`` above ``recovery_bound``) the shift ``16256 - max z`` goes into the addend and the
+    tile's ``z``. Returns (m, addend, z, acc, row_sum, recoveries)."""
+    tile_max = tl.max(z, axis=1)
+    first = (m == float("-inf")) & (tile_max > float("-inf"))
+    recovered = (m > float("-inf")) & (tile_max > recovery_bound)
+    moved = first | recovered
+    if tl.max(moved.to(tl.int32), axis=0) > 0:
+        shift = tl.where(moved, _SCHRAUDOLPH_BIAS - tile_max, 0.0)
+        z = z + shift[:, None]
+        addend = addend + shift
+        m_new = tl.where(moved, (_SCHRAUDOLPH_BIAS - addend) * 0.0078125, m)
+        alpha = tl.where(recovered, tl.exp2(m - m_new), 1.0)
+        acc = acc * alpha[:, None]
+        if ROW_SUM_GEMM:
+            row_sum = row_sum * alpha[:, None]
+        else:
+            row_sum = row_sum * alpha
+        m = m_new
+    return m, addend, z, acc, row_sum, recoveries + recovered.to(tl.int32)
+
+
+@triton.jit
+def _folded_schraudolph_p(z):
+    """Note [Folded Schraudolph]: P from the folded GEMM's ``z`` (the BF16 bits as a float), returned in fp32:
+    bits ``clamp(RNE(z), 0, 0x7F80)``; ``z = -inf`` gives 0 through the clamp, NaN stays NaN."""
+    bits = tl.minimum(tl.maximum((z + _ROUND_MAGIC) - _ROUND_MAGIC, 0.0), 32640.0)
+    p = bits.to(tl.int32).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return tl.where(z == z, p, float("nan"))
+
+
+@triton.jit
 def _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Raw scores, -inf where the key is past the sequence or causally masked; unchanged in the tiles of
     the unmasked loop (Note [Unmasked and masked KV loops])."""
@@ -381,6 +436,7 @@ def _fused_softmax_attn_fwd(
     RETURN_RECOVERIES: tl.constexpr,
     KV_TILE_OFFSETS: tl.constexpr,
     ROW_SUM_GEMM: tl.constexpr,
+    EXP_FOLD: tl.constexpr,
     P_MANTISSA: tl.constexpr,
     P_MIN_EXPONENT: tl.constexpr,
     P_MAX_NORMAL: tl.constexpr,
@@ -394,7 +450,8 @@ def _fused_softmax_attn_fwd(
     architecture]; OPERAND_FORMAT: the "scaled" mode's Q/K/V format, "e4m3" (container) or "e2m1"
     (packed, quantize.py's Note [Packed e2m1]); KV_TILE_OFFSETS: the exact twin's K/V addressing (Note [KV
     addresses]), from the launch table; ROW_SUM_GEMM: the MX modes' row sum by a GEMM ("bf16" and "scaled";
-    Note [Row sum by GEMM])."""
+    Note [Row sum by GEMM]); EXP_FOLD: the frozen max and the Schraudolph map folded into the score GEMM
+    ("bf16" and "scaled"; Q arrives prescaled, Note [Folded Schraudolph])."""
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head_q = tl.program_id(2)
@@ -444,6 +501,9 @@ def _fused_softmax_attn_fwd(
         ones = tl.where((tl.arange(0, BLOCK_N)[:, None] >= 0) & (tl.arange(0, _ROW_SUM_N)[None, :] == 0), 1.0, 0.0)
         ones_scale = tl.full((_ROW_SUM_N, BLOCK_N // 32), 127, tl.uint8)  # "scaled": E8M0 127 is 1
         l_acc = tl.zeros((BLOCK_M, _ROW_SUM_N), tl.float32)
+    if EXP_FOLD:  # Note [Folded Schraudolph]: the score GEMM's start, 0 until the row's max is set
+        addend = tl.zeros((BLOCK_M,), tl.float32)
+        recovery_bound = recovery_threshold * 128.0 + _SCHRAUDOLPH_BIAS
 
     kv_end = seqlen_k  # keys past it are invisible to every row of the block
     visible_end = seqlen_k  # keys before it are visible to every row of the block
@@ -571,26 +631,54 @@ def _fused_softmax_attn_fwd(
                         mask=key_ok[:, None],
                         other=127,
                     )
-                    s = tl.dot_scaled(q, q_scale, OPERAND_FORMAT, k, k_scale, OPERAND_FORMAT)
+                    if EXP_FOLD:  # Note [Folded Schraudolph]: z = addend + Q' K^T
+                        s = tl.dot_scaled(
+                            q,
+                            q_scale,
+                            OPERAND_FORMAT,
+                            k,
+                            k_scale,
+                            OPERAND_FORMAT,
+                            tl.broadcast_to(addend[:, None], (BLOCK_M, BLOCK_N)),
+                        )
+                    else:
+                        s = tl.dot_scaled(q, q_scale, OPERAND_FORMAT, k, k_scale, OPERAND_FORMAT)
                 else:
                     k_scale = tl.load(
                         K_scale + k_rows[None, :] * stride_kst + head_k * stride_ksh + (offs_d // 32)[:, None],
                         mask=key_ok[None, :],
                         other=127,
                     )
-                    s = tl.dot(q, _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE))
-                x = _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL) * scale_log2
-                if ROW_SUM_GEMM:
-                    m, acc, l_acc, recoveries = _frozen_max_step(
-                        m, tl.max(x, axis=1), acc, l_acc, recoveries, recovery_threshold, True
-                    )
+                    k_values = _dequantize(k, k_scale).to(tl.bfloat16).to(DOT_DTYPE)
+                    if EXP_FOLD:
+                        s = tl.dot(q, k_values, tl.broadcast_to(addend[:, None], (BLOCK_M, BLOCK_N)))
+                    else:
+                        s = tl.dot(q, k_values)
+                if EXP_FOLD:
+                    z = _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL)
+                    if ROW_SUM_GEMM:
+                        m, addend, z, acc, l_acc, recoveries = _folded_max_step(
+                            m, addend, z, acc, l_acc, recoveries, recovery_bound, True
+                        )
+                    else:
+                        m, addend, z, acc, row_sum, recoveries = _folded_max_step(
+                            m, addend, z, acc, row_sum, recoveries, recovery_bound
+                        )
+                    p_bf16 = _folded_schraudolph_p(z)
                 else:
-                    m, acc, row_sum, recoveries = _frozen_max_step(
-                        m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
-                    )
+                    x = _masked_scores(s, offs_m, keys, row_ok, seqlen_q, seqlen_k, masked, CAUSAL) * scale_log2
+                    if ROW_SUM_GEMM:
+                        m, acc, l_acc, recoveries = _frozen_max_step(
+                            m, tl.max(x, axis=1), acc, l_acc, recoveries, recovery_threshold, True
+                        )
+                    else:
+                        m, acc, row_sum, recoveries = _frozen_max_step(
+                            m, tl.max(x, axis=1), acc, row_sum, recoveries, recovery_threshold
+                        )
+                    p_bf16 = _schraudolph_p(x, m)
                 # Note [Two-stage P and the row sum]
                 p_elements, p_exponent = _quantize_p(
-                    _schraudolph_p(x, m),
+                    p_bf16,
                     BLOCK_M,
                     BLOCK_N,
                     P_MANTISSA,

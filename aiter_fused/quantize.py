@@ -48,7 +48,18 @@ no float64. Bytes scale with the tokens, so the H200 bench shape (batch 4) moves
 some 15-25 ms of HBM time at 2.5-4 TB/s, the same order as the ~27 ms by which the H200 run's causal
 and non-causal timings put the per-call overhead of ``aiter_mxfp8`` (see ``kernel.py``, Note [Where
 the time goes on Hopper]). Estimates, not GPU measurements.
+
+Note [Prescaled Q]
+~~~~~~~~~~~~~~~~~~
+The attention kernel's ``exp_fold`` (``kernel.py`` Note [Folded Schraudolph]) takes Q quantized after a
+prescale by ``128 c``, which is no power of two and so cannot ride in the E8M0 scale. ``quantize_head_dim``'s
+``prescale`` multiplies the exact fp32 value of each BF16 element by it (one fp32 rounding, the reference's
+``q.float() * prescale``) and quantizes that. A compile-time switch (``PRESCALED``): without it the kernel
+is the one before, and no multiply by 1 can flush an fp32 subnormal where a GPU flushes them.
 """
+
+import math
+from typing import Optional
 
 import torch
 import triton
@@ -125,6 +136,7 @@ def _quantize_head_dim_kernel(
     stride_eh,
     stride_st,
     stride_sh,
+    prescale,
     HEAD_DIM: tl.constexpr,
     BLOCK_T: tl.constexpr,
     MANTISSA: tl.constexpr,
@@ -133,8 +145,10 @@ def _quantize_head_dim_kernel(
     MAX_MANTISSA_BITS: tl.constexpr,
     MAX_EXPONENT: tl.constexpr,
     PACK_E2M1: tl.constexpr,
+    PRESCALED: tl.constexpr,
 ):
-    """One program: BLOCK_T tokens of one head, every MX block of their head_dim."""
+    """One program: BLOCK_T tokens of one head, every MX block of their head_dim. With PRESCALED the fp32
+    values are multiplied by ``prescale`` (fp32) before the quantization (Note [Prescaled Q])."""
     head = tl.program_id(1)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -143,6 +157,8 @@ def _quantize_head_dim_kernel(
     x = _bf16_bits_to_fp32(
         tl.load(X + rows * stride_xt + head * stride_xh + offs_d[None, :] * stride_xd, mask=ok, other=0)
     )
+    if PRESCALED:
+        x = x * prescale
     blocks = tl.reshape(x, (BLOCK_T, HEAD_DIM // 32, 32))
     elements, scale = _quantize_block(
         blocks, 2, MANTISSA, MIN_EXPONENT, MAX_NORMAL, MAX_MANTISSA_BITS, MAX_EXPONENT, PACK_E2M1
@@ -263,13 +279,22 @@ def _check_pack(fmt: str, pack_e2m1) -> None:
         raise ValueError(f"pack_e2m1=True needs fmt='e2m1'; got fmt={fmt!r}")
 
 
-def quantize_head_dim(x: torch.Tensor, fmt: str, pack_e2m1: bool = False):
+def quantize_head_dim(x: torch.Tensor, fmt: str, pack_e2m1: bool = False, prescale: Optional[float] = None):
     """MX-quantize ``x`` (tokens, heads, head_dim), BF16, in blocks of 32 along head_dim. Returns
     ``(scale, elements)`` like ``quantize_mx(x, fmt, dim=-1)``: scale uint8 (tokens, heads, head_dim // 32),
     elements ``torch.float8_e4m3fn`` (every element format fits e4m3); with ``pack_e2m1=True`` (fmt
-    e2m1) elements uint8 (tokens, heads, head_dim // 2), two codes a byte (Note [Packed e2m1])."""
+    e2m1) elements uint8 (tokens, heads, head_dim // 2), two codes a byte (Note [Packed e2m1]).
+    ``prescale`` (a float exactly representable in fp32): quantize ``fl32(x * prescale)`` instead, the values
+    ``quantize_mx(x.float() * prescale, fmt, dim=-1)`` gives (Note [Prescaled Q])."""
     _check_operand("x", x)
     _check_pack(fmt, pack_e2m1)
+    if prescale is not None and (
+        isinstance(prescale, bool)
+        or not isinstance(prescale, (int, float))
+        or not math.isfinite(prescale)
+        or torch.tensor(prescale, dtype=torch.float32).item() != prescale
+    ):
+        raise ValueError(f"prescale must be None or a finite float exactly representable in fp32; got {prescale!r}")
     constants = _format_constants(fmt)
     tokens, heads, head_dim = x.shape
     if pack_e2m1:
@@ -289,10 +314,12 @@ def quantize_head_dim(x: torch.Tensor, fmt: str, pack_e2m1: bool = False):
             elements.stride(1),
             scale.stride(0),
             scale.stride(1),
+            1.0 if prescale is None else float(prescale),
             HEAD_DIM=head_dim,
             BLOCK_T=block_t,
             **constants,
             PACK_E2M1=pack_e2m1,
+            PRESCALED=prescale is not None,
             num_warps=4,
         )
     return scale, elements

@@ -198,3 +198,31 @@ def test_gfx950_row_sum_by_gemm_is_one_scaled_mfma_per_64_keys(audits, tmp_path)
         assert {key: count for key, count in added.items() if count} == expected, record["name"]
         assert record["main_loop"]["mfma"] == base["main_loop"]["mfma"] + record["tile_n"] // 64, record["name"]
         assert record["main_loop"]["lds"] == base["main_loop"]["lds"], record["name"]
+
+
+_EXP_FOLD_COMPILE = textwrap.dedent("""
+    import json
+    from aiter_fused.compile_check import Config, compile_one
+    print(json.dumps([compile_one(Config("attention", fmt, 128, "scaled", True, 64, exp_fold=True), "gfx950")
+                      for fmt in ("mxfp8", "mxfp4")]))
+""")
+_AGPR_MOVES = ("v_accvgpr_read", "v_accvgpr_write")
+
+
+def test_gfx950_exp_fold_keeps_the_mfmas_and_does_not_spill(audits, tmp_path):
+    """Note [Folded Schraudolph] in kernel.py: with exp_fold (off by default, so not in the audit's matrix) the
+    "scaled" main loop keeps its MFMAs (the addend rides as the QK^T MFMA's accumulator) and LDS instructions,
+    does not spill, and issues fewer VALU per tile than the unfolded loop. MXFP8 and MXFP4, head dim 128,
+    causal, the launch table's tile. The counts (docs/aiter_matrix_core.md, section 2) are printed."""
+    result = _run(["-c", _EXP_FOLD_COMPILE], tmp_path)
+    unfolded = {
+        r["mx_format"]: r for r in _attention(audits("gfx950"), "scaled") if r["head_dim"] == 128 and r["causal"]
+    }
+    for record in json.loads(result.stdout.strip().splitlines()[-1]):
+        base = unfolded[record["mx_format"]]
+        print(record["name"], "main loop", base["main_loop"], "->", record["main_loop"])
+        assert record["vgpr_spill_count"] == 0, record["name"]
+        assert record["mfma"] == base["mfma"], record["name"]
+        assert record["main_loop"]["mfma"] == base["main_loop"]["mfma"], record["name"]
+        assert record["main_loop"]["lds"] == base["main_loop"]["lds"], record["name"]
+        assert record["main_loop"]["valu"] < base["main_loop"]["valu"], record["name"]

@@ -22,7 +22,16 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from aiter_fused.attention import fused_softmax_attention, fused_softmax_attention_varlen  # noqa: E402
-from aiter_fused.tolerances import OUT_REL_TOL, lse_ok, lse_stats  # noqa: E402
+from aiter_fused.tolerances import (  # noqa: E402
+    INTERPRETER_FOLD_Z_ROUNDINGS,
+    OUT_REL_TOL,
+    fold_lse_ok,
+    fold_out_rel_tol,
+    fold_z_ulp,
+    gpu_fold_z_roundings,
+    lse_ok,
+    lse_stats,
+)
 from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,
@@ -333,6 +342,101 @@ def test_row_sum_by_gemm_matches_the_reduction(causal, dot_mode):
     _assert_close_to_reference(out, lse, ref_out, ref_lse, dot_mode, "mxfp8")
 
 
+def _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, keys, head_dim, dot_mode, z_ulp=None):
+    """Note [Folded Schraudolph tolerance] (aiter_fused/tolerances.py): the fold's z roundings under the
+    interpreter, or the GPU's assumed ones; rows with a quantized-P flip counted, all capped."""
+    z_roundings = INTERPRETER_FOLD_Z_ROUNDINGS if DEVICE == "cpu" else gpu_fold_z_roundings(head_dim, dot_mode)
+    z_ulp = fold_z_ulp(0.0) if z_ulp is None else z_ulp
+    out, ref_out = out.float().cpu(), ref_out.float().cpu()
+    assert ((out - ref_out).norm() / ref_out.norm()).item() < fold_out_rel_tol(z_roundings)
+    assert torch.equal(torch.isfinite(lse.cpu()), torch.isfinite(ref_lse))
+    assert fold_lse_ok(lse.cpu(), ref_lse, moves, keys, z_roundings, z_ulp), lse_stats(lse.cpu(), ref_lse)
+
+
+@pytest.mark.parametrize(
+    "mx_format,causal,dot_mode,row_sum",
+    [
+        ("mxfp8", False, "bf16", "reduce"),
+        ("mxfp8", True, "bf16", "reduce"),
+        ("mxfp4", True, "bf16", "reduce"),
+        ("mxfp6", False, "bf16", "gemm"),
+        pytest.param("mxfp8", False, "scaled", "reduce", marks=_NEEDS_GPU_FOR_SCALED),
+        pytest.param("mxfp4", True, "scaled", "gemm", marks=_NEEDS_GPU_FOR_SCALED),
+    ],
+)
+def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum):
+    """Note [Folded Schraudolph]: the kernel with exp_fold against the reference with exp_fold, GQA 4:2, 83 keys
+    in tiles of 32 (a partial last tile), recoveries at threshold 2 (the re-derivation), row_sum="gemm" too.
+    The same recoveries; LSE and output within Note [Folded Schraudolph tolerance]."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = _randn(1, 37, 4, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen), _randn(1, 83, 2, 64, gen=gen)
+    common = dict(causal=causal, mx_format=mx_format, tile_n=32, recovery_threshold=2.0)
+    out, lse, recoveries = fused_softmax_attention(
+        q, k, v, dot_mode=dot_mode, row_sum=row_sum, exp_fold=True, return_recoveries=True, **common
+    )
+    ref_out, ref_lse, counters = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), exp_fold=True, return_counters=True, **common
+    )
+    assert torch.equal(recoveries.cpu().long(), counters["recoveries"]) and counters["recoveries"].sum() > 0
+    moves = 1 + int(counters["recoveries"].max())
+    _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 83, 64, dot_mode)
+
+
+def test_exp_fold_varlen_with_empty_and_fully_masked_rows():
+    """exp_fold on the varlen entry: an empty sequence, rows that see no key (the addend stays 0, the max unset:
+    out 0, LSE -inf), a 10-key sequence in one partial tile."""
+    gen = torch.Generator().manual_seed(13)
+    cu_q = torch.tensor([0, 3, 3, 40], dtype=torch.int32)
+    cu_k = torch.tensor([0, 70, 75, 85], dtype=torch.int32)
+    q, k, v = _randn(40, 2, 32, gen=gen), _randn(85, 1, 32, gen=gen), _randn(85, 1, 32, gen=gen)
+    common = dict(causal=True, mx_format="mxfp8", tile_n=32, exp_fold=True)
+    out, lse = fused_softmax_attention_varlen(
+        q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 37, 70, dot_mode="bf16", **common
+    )
+    ref_out, ref_lse, counters = fused_softmax_attention_reference_varlen(
+        q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, return_counters=True, **common
+    )
+    assert torch.all(out[3:30].float() == 0) and torch.all(lse[:, 3:30] == -math.inf)
+    moves = 1 + int(counters["recoveries"].max())
+    _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 70, 32, "bf16")
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL)
+def test_exp_fold_extreme_scores(name):
+    """Extreme score ranges (a late max, a late 400, a staircase up and down, one score of 3000, all equal):
+    every recovery seen on the folded z, and the reference's values. Scores up to 3000 log2 units put the
+    addend far past 2**15: the tolerance takes fp32's ulp there (``fold_z_ulp``)."""
+    q, k, v, scale = adversarial_qkv(name, 320)
+    q, k, v = (t.bfloat16().to(DEVICE) for t in (q, k, v))
+    common = dict(softmax_scale=scale, tile_n=64, mx_format="mxfp8", exp_fold=True)
+    out, lse, recoveries = fused_softmax_attention(q, k, v, dot_mode="bf16", return_recoveries=True, **common)
+    ref_out, ref_lse, counters = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), return_counters=True, **common
+    )
+    unfolded = fused_softmax_attention_reference(
+        q.cpu(), k.cpu(), v.cpu(), softmax_scale=scale, tile_n=64, return_counters=True
+    )[2]
+    assert torch.equal(recoveries.cpu().long(), counters["recoveries"])
+    assert torch.equal(counters["recoveries"], unfolded["recoveries"])
+    assert torch.isfinite(out.float()).all()
+    max_score = (q.float().cpu()[0, :, 0] @ k.float().cpu()[0, :, 0].T).abs().max().item()  # scale: log2 units
+    moves = 1 + int(counters["recoveries"].max())
+    _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 320, 32, "bf16", fold_z_ulp(max_score))
+
+
+def test_exp_fold_nan_input_poisons_its_rows():
+    """As test_nan_input_poisons_its_rows_in_every_dot_mode, with exp_fold: a NaN z must stay NaN in P."""
+    gen = torch.Generator().manual_seed(15)
+    q, k, v = _randn(1, 20, 2, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen)
+    for poisoned in (q[0, 7, 1], k[0, 50, 0]):
+        poisoned[3] = float("nan")
+        ref_out, ref_lse = fused_softmax_attention_reference(q.cpu(), k.cpu(), v.cpu(), tile_n=32, exp_fold=True)
+        out, lse = fused_softmax_attention(q, k, v, tile_n=32, dot_mode="bf16", exp_fold=True)
+        assert torch.isnan(ref_out).any()
+        assert torch.equal(torch.isnan(out.float().cpu()), torch.isnan(ref_out))
+        assert torch.equal(torch.isnan(lse.cpu()), torch.isnan(ref_lse))
+
+
 def test_bad_arguments():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(TypeError, match="bfloat16"):
@@ -356,6 +460,11 @@ def test_bad_arguments():
     for refused in (dict(exact=True), dict(dot_mode="fp8")):
         with pytest.raises(ValueError, match='row_sum="gemm" takes'):
             fused_softmax_attention(q, q, q, row_sum="gemm", **refused)
+    for refused in (dict(exact=True), dict(dot_mode="fp8")):
+        with pytest.raises(ValueError, match=r"exp_fold=True takes the MX dot modes \('bf16', 'scaled'\)"):
+            fused_softmax_attention(q, q, q, exp_fold=True, **refused)
+    with pytest.raises(TypeError, match="exp_fold must be a bool"):
+        fused_softmax_attention(q, q, q, exp_fold="on")
     cu = torch.tensor([0, 8], dtype=torch.int64, device=DEVICE)
     with pytest.raises(TypeError, match="cu_seqlens_q"):
         fused_softmax_attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8)
@@ -381,7 +490,7 @@ _SM90_COMPILE = textwrap.dedent(r"""
         constants = dict(GROUP=2, HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, EXACT=False, DOT_MODE=mode,
                          OPERAND_FORMAT="e4m3", DOT_DTYPE=tl.bfloat16, RETURN_RECOVERIES=True, P_MANTISSA=3, P_MIN_EXPONENT=0,
                          P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2, KV_TILE_OFFSETS=False,
-                         ROW_SUM_GEMM=False)
+                         ROW_SUM_GEMM=False, EXP_FOLD=False)
         signature = {name: pointers.get(name, "constexpr" if name in constants else
                                         "fp32" if name in ("scale_log2", "recovery_threshold") else "i32")
                      for name in kernel.arg_names}

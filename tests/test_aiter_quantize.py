@@ -178,7 +178,8 @@ _SM90_COMPILE = textwrap.dedent("""
     from aiter_fused.quantize import _format_constants, _quantize_head_dim_kernel, _quantize_keys_kernel
     built = []
     for kernel, pointers, extra in (
-            (_quantize_head_dim_kernel, dict(X="*i16", Elements="*u8", Scale="*u8"), dict(BLOCK_T=16)),
+            (_quantize_head_dim_kernel, dict(X="*i16", Elements="*u8", Scale="*u8", prescale="fp32"),
+             dict(BLOCK_T=16, PRESCALED=True)),
             (_quantize_keys_kernel, dict(V="*i16", Elements="*u8", Scale="*u8", cu_seqlens="*i32",
                                          cu_blocks="*i32", seq_of_block="*i32"), {})):
         for fmt in ("e4m3", "e2m1"):
@@ -208,3 +209,22 @@ def test_kernels_compile_for_sm90(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [True] * 4
+
+
+@pytest.mark.parametrize("fmt,pack", [("e4m3", False), ("e2m1", True)])
+def test_prescaled_head_dim_blocks_bit_equal_to_mx(fmt, pack):
+    """Note [Prescaled Q] (exp_fold): ``prescale`` quantizes fl32(x * prescale), the reference's
+    ``quantize_mx(x.float() * prescale)``; a prescale that is no fp32 value is refused."""
+    gen = torch.Generator().manual_seed(23)
+    x = _hard_blocks(37, 3, 64, gen)
+    prescale = 128 * torch.tensor(64**-0.5 * 1.4426950408889634, dtype=torch.float32).item()
+    ref_scale, ref_elements = quantize_mx(x.float() * prescale, fmt, dim=-1)
+    scale, elements = quantize_head_dim(x.to(DEVICE), fmt, pack_e2m1=pack, prescale=prescale)
+    assert torch.equal(scale.cpu(), ref_scale)
+    if pack:
+        finite = (ref_scale != 255).repeat_interleave(32, dim=-1)
+        assert torch.equal(_unpack(elements.cpu(), -1)[finite], _e2m1_codes(ref_elements)[finite])
+    else:
+        _assert_bit_equal(scale, elements, ref_scale, ref_elements)
+    with pytest.raises(ValueError, match="prescale must be None or a finite float"):
+        quantize_head_dim(x.to(DEVICE), fmt, pack_e2m1=pack, prescale=0.1)
