@@ -10,8 +10,11 @@
 #   bash scripts/h200_session.sh qwen15k OUT      # Qwen2.5-1.5B, 97 blocks, every kernel mode, kernels only
 #   bash scripts/h200_session.sh qwen15c OUT      # Qwen2.5-1.5B, every kernel mode and its simulator twin (>= 32 blocks)
 #   bash scripts/h200_session.sh qwen15s OUT      # Qwen2.5-1.5B, the simulator-only modes (>= 32 blocks)
-#   bash scripts/h200_session.sh qwen15long OUT   # Qwen2.5-1.5B at 8K and 16K blocks: exact vs H15 t0/t8 through
-#                                                 # FA4, BAPS restart rates at 2K-16K prefixes
+#   bash scripts/h200_session.sh qwen15long OUT   # Qwen2.5-1.5B at 8K blocks: exact vs H15 t0/t8 through FA4;
+#                                                 # BAPS restart rates at 2K-16K prefixes of 16K blocks
+#   bash scripts/h200_session.sh qwen15xl OUT     # Qwen2.5-1.5B at 16K blocks: exact vs H15 t0/t8 through FA4
+#   bash scripts/h200_session.sh qwen05c OUT      # Qwen2.5-0.5B, every kernel mode and its simulator twin
+#   bash scripts/h200_session.sh qwen05s OUT      # Qwen2.5-0.5B, the simulator-only modes
 # Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
 # quality steps read the bundle's data at /tmp/devdata (python-doc/, austen/, qwen2.5-0.5b/model.gguf; the
 # qwen15* steps qwen2.5-1.5b/model.gguf: `prepare.sh --data .cache/quality_device/qwen2.5-1.5b gguf==0.19.0`).
@@ -29,6 +32,7 @@ FP8_BENCH_KERNELS="gemm_fp8 fa3_fp8 cudnn_fp8 fa4_stock_bf16 fa3_bf16 fa4_fp8_ex
 # Qwen2.5-1.5B steps (issue 12): the common options, every mode with a kernel, and RESUME=--resume to continue
 # a cut run whose quality_<tag>.json was copied into OUT first.
 Q15="--device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-1.5b --block-size 2048"
+Q05="--device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-0.5b --block-size 2048"
 KERNEL_MODES="exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fused_mxfp6 fused_mxfp4 fused_hybrid \
   exact_fp8 rowmax_h15_fp8"
 RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen15k/c/s step's scoring budget
@@ -78,19 +82,28 @@ case "$STEP" in
       --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/qwen15s.log" 2>&1
     tail -10 "$OUT/qwen15s.log" ;;
   qwen15long)
-    timeout 200 python3 -m bench.quality $Q15 --block-size 8192 --blocks 24 --kernels-only --time-budget-s 120 \
+    timeout 230 python3 -m bench.quality $Q15 --block-size 8192 --blocks 24 --kernels-only --time-budget-s 110 \
       --tag qwen25-15b_austen_8k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
       --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_8k.log" 2>&1
     tail -8 "$OUT/qwen15_8k.log"
-    timeout 170 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --kernels-only --time-budget-s 90 \
-      --tag qwen25-15b_austen_16k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
-      --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_16k.log" 2>&1
-    tail -8 "$OUT/qwen15_16k.log"
     timeout 200 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --baps-restart-study \
-      --baps-lengths 2048 4096 8192 16384 --baps-readings reference --time-budget-s 110 \
+      --baps-lengths 2048 4096 8192 16384 --baps-readings reference --time-budget-s 80 \
       --tag qwen25-15b_austen_baps_restarts_16k --out "$OUT" > "$OUT/qwen15_baps.log" 2>&1
     tail -16 "$OUT/qwen15_baps.log" ;;
+  qwen15xl)
+    timeout 200 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --kernels-only --time-budget-s 90 \
+      --tag qwen25-15b_austen_16k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
+      --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_16k.log" 2>&1
+    tail -8 "$OUT/qwen15_16k.log" ;;
+  qwen05c)
+    timeout 560 python3 -m bench.quality $Q05 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
+      --tag qwen25-05b_austen_kernels --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen05c.log" 2>&1
+    tail -26 "$OUT/qwen05c.log" ;;
+  qwen05s)
+    timeout 560 python3 -m bench.quality $Q05 --blocks 97 --time-budget-s ${BUDGET:-300} $RESUME --tag qwen25-05b_austen_full_sim \
+      --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/qwen05s.log" 2>&1
+    tail -10 "$OUT/qwen05s.log" ;;
   *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
-       "qwen15s or qwen15long; got '$STEP'" >&2
+       "qwen15s, qwen15long, qwen15xl, qwen05c or qwen05s; got '$STEP'" >&2
      exit 2 ;;
 esac
