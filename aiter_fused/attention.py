@@ -258,6 +258,7 @@ def _launch(
         KV_TILE_OFFSETS=launch.kv_tile_offsets,
         ROW_SUM_GEMM=row_sum == "gemm",
         EXP_FOLD=exp_fold,
+        P_CONVERT="software",  # the only one that runs ("hardware": compile_check's audit, never launched)
         DOT_DTYPE=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
         P_MANTISSA=p_spec.mantissa_bits,
         P_MIN_EXPONENT=p_spec.min_normal_exponent,

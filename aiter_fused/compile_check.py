@@ -9,9 +9,12 @@ target=GPUTarget("hip", ARCH, 64))`` gives AMDGCN and its metadata without ROCm.
 compiled with the launch ``aiter_fused.launch.LAUNCHES[arch]`` gives (the one ``attention.py`` uses),
 and the record holds: the MFMA instructions with their A/B operand formats, VGPR/AGPR/SGPR counts and
 spills, waves per SIMD the registers allow, LDS bytes, and the VALU/MFMA/LDS instruction counts inside
-the main loop; for the attention kernel also how many times each dot's MFMA layout covers its result
+the main loop, and gfx950's scaled fp8 down-converts (``v_cvt_scalef32_pk_fp8_*``: how many, how many with a
+constant scale); for the attention kernel also how many times each dot's MFMA layout covers its result
 (``dot_replication``: 2 means two groups of waves compute the same tile). A configuration that fails to
 compile is recorded with its error. The Triton version is recorded with the results.
+``Config(p_convert="hardware")`` (Note [Hardware P convert] in ``kernel.py``) is a gfx950 variant of this audit
+alone, outside the matrix: ``aiter_fused.attention`` never launches it, and it has never run on a GPU.
 
 Run with ``TRITON_INTERPRET`` unset (the interpreter replaces compilation).
 """
@@ -38,7 +41,7 @@ from aiter_fused.quantize import _format_constants, _quantize_head_dim_kernel, _
 from fa4_rowmax.config import MX_FORMATS
 from fa4_rowmax.reference.fused_softmax import operand_element_format, p_element_format
 
-__all__ = ["ARCHES", "Config", "audit", "configs", "read_amdgcn"]
+__all__ = ["ARCHES", "Config", "P_CONVERTS", "audit", "configs", "read_amdgcn"]
 
 ARCHES = ("gfx950", "gfx942")
 WAVE_SIZE = 64
@@ -54,6 +57,13 @@ NAMED_FORMATS = (
     ("_f32", "f32"),
 )
 VGPRS_PER_SIMD_LANE = 512  # gfx90a and later: one unified file of 512 VGPRs + AGPRs a lane
+# How the kernel makes MX P (P_CONVERT): "software" is what every launch runs; "hardware" (Note [Hardware P
+# convert] in kernel.py) exists for this audit only and is never passed by aiter_fused.attention.
+P_CONVERTS = ("software", "hardware")
+_HARDWARE_P_CONVERT_ONLY = (
+    'p_convert="hardware" is a compile-audit variant only (gfx950, attention, dot_mode "scaled", MXFP8 P) and '
+    "has never run on an MI355X"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +79,15 @@ class Config:
     pack_e2m1: bool = False  # quantizers: the packed e2m1 output of the "scaled" mode at MXFP4
     row_sum: str = "reduce"  # attention: one of attention.ROW_SUMS (Note [Row sum by GEMM] in kernel.py)
     exp_fold: bool = False  # attention: Note [Folded Schraudolph] in kernel.py
+    p_convert: str = "software"  # attention: one of P_CONVERTS (Note [Hardware P convert] in kernel.py)
+
+    def __post_init__(self):
+        if self.p_convert not in P_CONVERTS:
+            raise ValueError(f"p_convert must be one of {P_CONVERTS}; got {self.p_convert!r}")
+        if self.p_convert == "hardware" and (
+            self.kernel != "attention" or self.dot_mode != "scaled" or p_element_format(self.mx_format) != "e4m3"
+        ):
+            raise ValueError(_HARDWARE_P_CONVERT_ONLY + f"; got {self.kernel}/{self.mx_format}/{self.dot_mode}")
 
     @property
     def name(self) -> str:
@@ -79,6 +98,7 @@ class Config:
             f"attention/{mode}/{self.mx_format}/hd{self.head_dim}/{'causal' if self.causal else 'dense'}/n{self.tile_n}"
             + ("" if self.row_sum == "reduce" else f"/row_sum_{self.row_sum}")
             + ("/exp_fold" if self.exp_fold else "")
+            + ("" if self.p_convert == "software" else f"/p_convert_{self.p_convert}")
         )
 
 
@@ -122,6 +142,8 @@ _ATTENTION_POINTERS = dict(
 
 
 def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]:
+    if config.p_convert == "hardware" and arch != "gfx950":
+        raise ValueError(_HARDWARE_P_CONVERT_ONLY + f"; got arch {arch!r}")
     if config.kernel == "attention":
         p = _format_constants(p_element_format(config.mx_format))
         constants = dict(
@@ -138,6 +160,7 @@ def _source(config: Config, arch: str, launch: Launch) -> tuple[ASTSource, dict]
             KV_TILE_OFFSETS=launch.kv_tile_offsets,
             ROW_SUM_GEMM=config.row_sum == "gemm",
             EXP_FOLD=config.exp_fold,
+            P_CONVERT=config.p_convert,
             P_MANTISSA=p["MANTISSA"],
             P_MIN_EXPONENT=p["MIN_EXPONENT"],
             P_MAX_NORMAL=p["MAX_NORMAL"],
@@ -208,7 +231,8 @@ def read_amdgcn(asm: str) -> dict:
         found = re.match(r"^\s+(v_mfma\w*)\s+(.*)$", line)
         if found:
             mfma[(found.group(1), *_operand_formats(found.group(1), found.group(2)))] += 1
-    loop = [line.split()[0] for line in _main_loop(lines) if re.match(r"^\s+[sv]_|^\s+ds_", line)]
+    loop_lines = _main_loop(lines)
+    loop = [line.split()[0] for line in loop_lines if re.match(r"^\s+[sv]_|^\s+ds_", line)]
     vgprs = metadata("vgpr_count")
     granule = 8
     return {
@@ -229,7 +253,20 @@ def read_amdgcn(asm: str) -> dict:
             "lds": sum(item.startswith("ds_") for item in loop),
             "salu": sum(item.startswith("s_") for item in loop),
         },
+        "scaled_fp8_converts": {"kernel": _scaled_fp8_converts(lines), "main_loop": _scaled_fp8_converts(loop_lines)},
     }
+
+
+def _scaled_fp8_converts(lines: list[str]) -> dict:
+    """gfx950's ``v_cvt_scalef32_pk_fp8_*`` down-converts: how many, and how many take a constant scale (a literal
+    such as ``1.0``: Triton's plain fp32 -> e4m3 cast) rather than a register (Note [Hardware P convert])."""
+    scales = [
+        re.split(r"\s+[a-z_]+:", found.group(1))[0].split(",")[-1].strip()  # the last operand, before op_sel:[...]
+        for found in (re.match(r"^\s+v_cvt_scalef32_pk_fp8_\w+\s+(.*)$", line) for line in lines)
+        if found
+    ]
+    constant = sum(not re.match(r"^-?(?:[vsa]\d|[vsa]\[|ttmp|vcc|exec|m0)", scale) for scale in scales)
+    return {"count": len(scales), "constant_scale": constant}
 
 
 def dot_replication(ttgir: str) -> list[dict]:

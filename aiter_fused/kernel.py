@@ -210,6 +210,32 @@ at ``|z| < 2**15`` (ulp ``2**-9``), ``aiter_fused/tolerances.py`` Note [Folded S
 "fp8" (its scores are per-chunk FP8 dots combined outside the MMA by scale FMAs, Note [MX dots, per
 architecture]: no accumulator to start from the addend) nor the exact twin (no Schraudolph P). Works with
 ``row_sum="gemm"``: the fold changes how P is made, not how it is summed.
+
+Note [Hardware P convert]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+``P_CONVERT="hardware"`` is a compile-audit variant: ``aiter_fused.compile_check``'s ``Config(p_convert=...)``
+selects it (gfx950, "scaled", MXFP8 P; anything else is a ValueError there, and the kernel's static assert
+refuses other modes and formats), ``attention.py`` always passes "software", and it has never run on a GPU.
+``_quantize_p_hardware`` keeps the RCEIL scale (block max, exponent from its bits) and replaces the multiply by
+``2**-exponent`` and ``_round_to_element`` with gfx950's ``v_cvt_scalef32_pk_fp8_f32``, which divides its
+fp32 inputs by the power of two of its scale operand before rounding to e4m3 (LLVM's
+``llvm.amdgcn.cvt.scalef32.pk.fp8.f32(old, a, b, scale, high_word)``; Composable Kernel's gfx950 MX path,
+``mxf8_utils.hpp``). The scale operand is ``_e8m0_factor(exponent)``: the fp32 that MLIR's
+``arith.scaling_truncf`` lowering passes (``arith.extf`` of the E8M0 byte), ``2**-127`` (an fp32 subnormal)
+for a zero block. Triton 3.6's ``tl.inline_asm_elementwise`` returns a pack of 8-bit results as ``<N x i8>``,
+which the AMDGPU backend will not put in a VGPR ("error: couldn't allocate output register for constraint
+'v'", pack 2 and 4), so each asm takes two values and returns two 16-bit halves, each value converted alone
+into the low byte of its half (two instructions, ``op_sel`` picking the half; early clobber, as the first
+writes the output before the second reads); the truncation to bytes becomes ``v_perm_b32``. Each value takes
+its own block's scale, so nothing depends on how the layout pairs elements. The row sum converts the e4m3
+elements back to fp32 and goes on as the software path does.
+
+Numerics unverified. Equal to the software path (and ``fa4_rowmax.reference.mx``) only if the instruction
+rounds to nearest even, keeps e4m3 subnormals (elements below ``2**-6`` of the block's scale) instead of
+flushing them, gives zeros for an all-zero block (exponent -127: masked keys, the causal band) and keeps NaN.
+It does not saturate (Composable Kernel's comment: NaN above e4m3's largest value), where
+``_round_to_element`` clamps; P never gets there, the RCEIL scale keeps each block's max at or below 448. The
+interpreter cannot run the asm: only an MI355X test can hold it to ``mx.py``.
 """
 
 import triton
@@ -302,6 +328,34 @@ def _quantize_p_block(
     exponent = _rceil_exponent(tl.max(p, axis=1), MAX_MANTISSA_BITS, MAX_EXPONENT)
     elements = _round_to_element(p * _pow2(-exponent)[:, None], MANTISSA, MIN_EXPONENT, MAX_NORMAL)
     return elements, exponent
+
+
+# Note [Hardware P convert]: two fp32 values through gfx950's scaled down-convert (x divided by the scale's power
+# of two, rounded to e4m3), each into the low byte of its own 16-bit half of the output dword.
+_SCALED_CVT_FP8 = tl.constexpr(
+    "v_cvt_scalef32_pk_fp8_f32 $0, $1, $1, $3\n\tv_cvt_scalef32_pk_fp8_f32 $0, $2, $2, $4 op_sel:[0,0,0,1]"
+)
+
+
+@triton.jit
+def _quantize_p_hardware(
+    p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_MANTISSA_BITS: tl.constexpr, MAX_EXPONENT: tl.constexpr
+):
+    """Note [Hardware P convert]: ``_quantize_p`` for MXFP8 P with gfx950's ``v_cvt_scalef32_pk_fp8_f32`` in
+    place of the multiply by 2**-exponent and ``_round_to_element``. Compile audit only: never run on a GPU.
+    Returns (e4m3 elements [M, N], scale exponents [M, N/32])."""
+    blocks = tl.reshape(p, (BLOCK_M, BLOCK_N // 32, 32))
+    exponent = _rceil_exponent(tl.max(blocks, axis=2), MAX_MANTISSA_BITS, MAX_EXPONENT)
+    scale = _e8m0_factor(exponent)  # 2**exponent, the fp32 that MLIR's arith.extf makes of the E8M0 byte
+    elements = tl.inline_asm_elementwise(
+        _SCALED_CVT_FP8,
+        "=&v,v,v,v,v",
+        [blocks, tl.broadcast_to(scale[:, :, None], (BLOCK_M, BLOCK_N // 32, 32))],
+        dtype=tl.int16,
+        is_pure=True,
+        pack=2,
+    )
+    return tl.reshape(elements.to(tl.uint8).to(tl.float8e4nv, bitcast=True), (BLOCK_M, BLOCK_N)), exponent
 
 
 @triton.jit
@@ -442,6 +496,7 @@ def _fused_softmax_attn_fwd(
     P_MAX_NORMAL: tl.constexpr,
     P_MAX_MANTISSA_BITS: tl.constexpr,
     P_MAX_EXPONENT: tl.constexpr,
+    P_CONVERT: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one sequence and one query head. Varlen layout throughout
     (dense inputs arrive flattened); V is addressed through three strides (token, head, head_dim) so
@@ -451,7 +506,14 @@ def _fused_softmax_attn_fwd(
     (packed, quantize.py's Note [Packed e2m1]); KV_TILE_OFFSETS: the exact twin's K/V addressing (Note [KV
     addresses]), from the launch table; ROW_SUM_GEMM: the MX modes' row sum by a GEMM ("bf16" and "scaled";
     Note [Row sum by GEMM]); EXP_FOLD: the frozen max and the Schraudolph map folded into the score GEMM
-    ("bf16" and "scaled"; Q arrives prescaled, Note [Folded Schraudolph])."""
+    ("bf16" and "scaled"; Q arrives prescaled, Note [Folded Schraudolph]); P_CONVERT: how MX P is made,
+    "software" (every launch) or "hardware" (Note [Hardware P convert]: the compile audit's gfx950 variant,
+    "scaled" MXFP8 only, never run on a GPU)."""
+    tl.static_assert(
+        P_CONVERT == "software"
+        or (P_CONVERT == "hardware" and DOT_MODE == "scaled" and not EXACT and P_MAX_NORMAL == 448.0),
+        'P_CONVERT must be "software", or "hardware" with dot_mode "scaled" and e4m3 (MXFP8) P (compile audit only)',
+    )
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head_q = tl.program_id(2)
@@ -677,16 +739,22 @@ def _fused_softmax_attn_fwd(
                         )
                     p_bf16 = _schraudolph_p(x, m)
                 # Note [Two-stage P and the row sum]
-                p_elements, p_exponent = _quantize_p(
-                    p_bf16,
-                    BLOCK_M,
-                    BLOCK_N,
-                    P_MANTISSA,
-                    P_MIN_EXPONENT,
-                    P_MAX_NORMAL,
-                    P_MAX_MANTISSA_BITS,
-                    P_MAX_EXPONENT,
-                )
+                if P_CONVERT == "hardware":  # Note [Hardware P convert]: compile audit only
+                    p_fp8, p_exponent = _quantize_p_hardware(
+                        p_bf16, BLOCK_M, BLOCK_N, P_MAX_MANTISSA_BITS, P_MAX_EXPONENT
+                    )
+                    p_elements = p_fp8.to(tl.float32)
+                else:
+                    p_elements, p_exponent = _quantize_p(
+                        p_bf16,
+                        BLOCK_M,
+                        BLOCK_N,
+                        P_MANTISSA,
+                        P_MIN_EXPONENT,
+                        P_MAX_NORMAL,
+                        P_MAX_MANTISSA_BITS,
+                        P_MAX_EXPONENT,
+                    )
                 p_values = _dequantize_p(p_elements, p_exponent, BLOCK_M, BLOCK_N)
                 if not ROW_SUM_GEMM:
                     row_sum += tl.sum(p_values, axis=1)
@@ -699,7 +767,8 @@ def _fused_softmax_attn_fwd(
                         other=127,
                     )
                     p_scale = (p_exponent + 127).to(tl.uint8)
-                    p_fp8 = p_elements.to(tl.float8e4nv)
+                    if P_CONVERT == "software":
+                        p_fp8 = p_elements.to(tl.float8e4nv)
                     acc = tl.dot_scaled(p_fp8, p_scale, "e4m3", v, v_scale, OPERAND_FORMAT, acc)
                     if ROW_SUM_GEMM:
                         l_acc = tl.dot_scaled(p_fp8, p_scale, "e4m3", ones.to(tl.float8e4nv), ones_scale, "e4m3", l_acc)

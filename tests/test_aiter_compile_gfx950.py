@@ -226,3 +226,65 @@ def test_gfx950_exp_fold_keeps_the_mfmas_and_does_not_spill(audits, tmp_path):
         assert record["main_loop"]["mfma"] == base["main_loop"]["mfma"], record["name"]
         assert record["main_loop"]["lds"] == base["main_loop"]["lds"], record["name"]
         assert record["main_loop"]["valu"] < base["main_loop"]["valu"], record["name"]
+
+
+_P_CONVERT_COMPILE = textwrap.dedent("""
+    import json
+    from aiter_fused.compile_check import Config, compile_one
+    configs = [Config("attention", "mxfp8", 128, "scaled", causal, 64, p_convert=p_convert)
+               for causal in (False, True) for p_convert in ("software", "hardware")]
+    print(json.dumps([compile_one(config, "gfx950") for config in configs]))
+""")
+
+
+def test_gfx950_hardware_p_convert_uses_the_scaled_convert_and_saves_valu(tmp_path):
+    """Note [Hardware P convert] in kernel.py: the compile-audit variant (never run on a GPU) makes MXFP8 P with
+    v_cvt_scalef32_pk_fp8_f32 and the block's scale in a register, where the software path gets that
+    instruction only as the scale-1 container cast after its own rounding. Head dim 128, dense and causal, the
+    launch table's tile: no spill, the same MFMAs and LDS instructions, fewer main-loop VALU. The counts
+    (docs/aiter_matrix_core.md, section 3) are printed."""
+    result = _run(["-c", _P_CONVERT_COMPILE], tmp_path)
+    records = json.loads(result.stdout.strip().splitlines()[-1])
+    for software, hardware in zip(records[::2], records[1::2]):
+        print(software["name"], software["main_loop"], software["scaled_fp8_converts"])
+        print(hardware["name"], hardware["main_loop"], hardware["scaled_fp8_converts"])
+        assert "error" not in hardware, hardware.get("error")
+        assert hardware["vgpr_spill_count"] == 0 and software["vgpr_spill_count"] == 0, hardware["name"]
+        for where in ("kernel", "main_loop"):
+            soft, hard = software["scaled_fp8_converts"][where], hardware["scaled_fp8_converts"][where]
+            assert soft["count"] > 0 and soft["constant_scale"] == soft["count"], (where, soft)
+            assert hard["count"] > 0 and hard["constant_scale"] == 0, (where, hard)
+        assert hardware["mfma"] == software["mfma"], hardware["name"]
+        assert hardware["main_loop"]["mfma"] == software["main_loop"]["mfma"], hardware["name"]
+        assert hardware["main_loop"]["lds"] == software["main_loop"]["lds"], hardware["name"]
+        assert hardware["main_loop"]["valu"] < software["main_loop"]["valu"], hardware["name"]
+
+
+def test_hardware_p_convert_is_compile_audit_only():
+    """p_convert="hardware" has never run on an MI355X: compile_check refuses it outside its one gfx950
+    configuration family (ValueError saying so), and the public entry points have no way to pass it."""
+    import inspect
+
+    from aiter_fused import attention
+    from aiter_fused.compile_check import Config, _source
+    from aiter_fused.launch import LAUNCHES
+
+    message = "compile-audit variant only.*has never run on an MI355X"
+    for refused in (
+        dict(kernel="attention", mx_format="mxfp4", head_dim=128, dot_mode="scaled"),
+        dict(kernel="attention", mx_format="mxfp6", head_dim=128, dot_mode="scaled"),
+        dict(kernel="attention", mx_format="mxfp8", head_dim=128, dot_mode="bf16"),
+        dict(kernel="attention", mx_format="mxfp8", head_dim=128, dot_mode=None),
+        dict(kernel="quantize_keys", mx_format="mxfp8", head_dim=128),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Config(**refused, p_convert="hardware")
+    with pytest.raises(ValueError, match="p_convert must be one of"):
+        Config("attention", "mxfp8", 128, "scaled", p_convert="asm")
+    config = Config("attention", "mxfp8", 128, "scaled", False, 64, p_convert="hardware")
+    for arch in ("gfx942", "sm90"):
+        with pytest.raises(ValueError, match=message):
+            _source(config, arch, LAUNCHES[arch])
+    for entry in (attention.fused_softmax_attention, attention.fused_softmax_attention_varlen, attention._launch):
+        assert "p_convert" not in inspect.signature(entry).parameters
+    assert 'P_CONVERT="software"' in inspect.getsource(attention._launch)
