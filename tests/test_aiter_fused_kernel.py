@@ -21,7 +21,11 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from aiter_fused.attention import fused_softmax_attention, fused_softmax_attention_varlen  # noqa: E402
+from aiter_fused.attention import (  # noqa: E402
+    ALLOW_UNVERIFIED_ENV,
+    fused_softmax_attention,
+    fused_softmax_attention_varlen,
+)
 from aiter_fused.tolerances import (  # noqa: E402
     INTERPRETER_FOLD_Z_ROUNDINGS,
     OUT_REL_TOL,
@@ -353,6 +357,12 @@ def _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, keys, hea
     assert fold_lse_ok(lse.cpu(), ref_lse, moves, keys, z_roundings, z_ulp), lse_stats(lse.cpu(), ref_lse)
 
 
+@pytest.fixture
+def fold_allowed_on_gpu(monkeypatch):
+    """The fold's GPU tests run it past Note [exp_fold on GPUs]'s refusal: they are how it gets verified."""
+    monkeypatch.setenv(ALLOW_UNVERIFIED_ENV, "exp_fold")
+
+
 @pytest.mark.parametrize(
     "mx_format,causal,dot_mode,row_sum",
     [
@@ -364,7 +374,7 @@ def _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, keys, hea
         pytest.param("mxfp4", True, "scaled", "gemm", marks=_NEEDS_GPU_FOR_SCALED),
     ],
 )
-def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum):
+def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum, fold_allowed_on_gpu):
     """Note [Folded Schraudolph]: the kernel with exp_fold against the reference with exp_fold, GQA 4:2, 83 keys
     in tiles of 32 (a partial last tile), recoveries at threshold 2 (the re-derivation), row_sum="gemm" too.
     The same recoveries; LSE and output within Note [Folded Schraudolph tolerance]."""
@@ -382,7 +392,7 @@ def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum):
     _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 83, 64, dot_mode)
 
 
-def test_exp_fold_varlen_with_empty_and_fully_masked_rows():
+def test_exp_fold_varlen_with_empty_and_fully_masked_rows(fold_allowed_on_gpu):
     """exp_fold on the varlen entry: an empty sequence, rows that see no key (the addend stays 0, the max unset:
     out 0, LSE -inf), a 10-key sequence in one partial tile."""
     gen = torch.Generator().manual_seed(13)
@@ -402,7 +412,7 @@ def test_exp_fold_varlen_with_empty_and_fully_masked_rows():
 
 
 @pytest.mark.parametrize("name", ADVERSARIAL)
-def test_exp_fold_extreme_scores(name):
+def test_exp_fold_extreme_scores(name, fold_allowed_on_gpu):
     """Extreme score ranges (a late max, a late 400, a staircase up and down, one score of 3000, all equal):
     every recovery seen on the folded z, and the reference's values. Scores up to 3000 log2 units put the
     addend far past 2**15: the tolerance takes fp32's ulp there (``fold_z_ulp``)."""
@@ -424,7 +434,7 @@ def test_exp_fold_extreme_scores(name):
     _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 320, 32, "bf16", fold_z_ulp(max_score))
 
 
-def test_exp_fold_nan_input_poisons_its_rows():
+def test_exp_fold_nan_input_poisons_its_rows(fold_allowed_on_gpu):
     """As test_nan_input_poisons_its_rows_in_every_dot_mode, with exp_fold: a NaN z must stay NaN in P."""
     gen = torch.Generator().manual_seed(15)
     q, k, v = _randn(1, 20, 2, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen)
@@ -435,6 +445,29 @@ def test_exp_fold_nan_input_poisons_its_rows():
         assert torch.isnan(ref_out).any()
         assert torch.equal(torch.isnan(out.float().cpu()), torch.isnan(ref_out))
         assert torch.equal(torch.isnan(lse.cpu()), torch.isnan(ref_lse))
+
+
+def test_exp_fold_is_refused_on_a_gpu_until_verified(monkeypatch):
+    """Note [exp_fold on GPUs]: a GPU tensor with exp_fold=True is refused, naming the argument and the accepted
+    value, unless the diagnosis variable is set; CPU tensors (the interpreter) are not refused."""
+    from aiter_fused.attention import _check_exp_fold
+
+    monkeypatch.delenv(ALLOW_UNVERIFIED_ENV, raising=False)
+    for device in (torch.device("cuda", 0), torch.device("cuda")):
+        with pytest.raises(ValueError, match="exp_fold=True has not passed its GPU tests.*exp_fold=False"):
+            _check_exp_fold(True, False, "bf16", device)
+    _check_exp_fold(True, False, "bf16", torch.device("cpu"))
+    _check_exp_fold(False, False, "fp8", torch.device("cuda"))
+    monkeypatch.setenv(ALLOW_UNVERIFIED_ENV, "everything")
+    with pytest.raises(ValueError, match="has not passed its GPU tests"):
+        _check_exp_fold(True, False, "scaled", torch.device("cuda"))
+    monkeypatch.setenv(ALLOW_UNVERIFIED_ENV, "exp_fold")
+    _check_exp_fold(True, False, "scaled", torch.device("cuda"))
+    if DEVICE == "cuda":  # the public entry refuses it on the real device too
+        monkeypatch.delenv(ALLOW_UNVERIFIED_ENV)
+        q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
+        with pytest.raises(ValueError, match="has not passed its GPU tests"):
+            fused_softmax_attention(q, q, q, dot_mode="bf16", exp_fold=True)
 
 
 def test_bad_arguments():
