@@ -47,6 +47,8 @@ def _varlen(seed=0):
 
 
 def test_ops_are_registered_with_their_schema():
+    import aiter_fused.ops  # noqa: F401  (importing the module registers the ops; run alone, nothing else has)
+
     dense = torch.ops.aiter_fused.fwd.default._schema
     varlen = torch.ops.aiter_fused.fwd_varlen.default._schema
     assert [a.name for a in dense.arguments] == [
