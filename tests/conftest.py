@@ -14,6 +14,14 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+
+# Note [Triton's interpreter on a CPU machine]: Triton reads TRITON_INTERPRET when a kernel is decorated, that is
+# when its module is first imported. A test module that imports triton (or aiter_fused.kernel) before the
+# interpreter modules set the variable left every interpreter test after it with compiled kernels and CPU
+# tensors. Set here, before any test module is collected, the order of the modules no longer matters. The
+# compile tests unset it in their subprocesses (the interpreter replaces compilation).
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 STRICT_SKIPS = os.environ.get("LOWPREC_STRICT_SKIPS") == "1"
 ALLOWED_SKIP_PREFIXES = ("needs a CUDA GPU", "opt-in:")
 
