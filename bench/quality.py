@@ -94,6 +94,8 @@ FULL_MODES = (
     "exact_fp8_inputs",
     "exact_fp8",
     "rowmax_h15_fp8",
+    "exact_fp8_ksmooth",
+    "rowmax_h15_fp8_ksmooth",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BOOTSTRAP_REPS = 5000

@@ -13,10 +13,10 @@ The one switch is `backend`:
 - `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
   for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `fa4_rowmax.interface.rowmax_attn_func` for the
   SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); the SM90 FP8 forward
-  `fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90` for the FP8 modes (`exact_fp8`, `rowmax_h15_fp8`: Note [FP8 modes
-  in the study]); each `ModeSpec` carries its own
-  kernel factory, so `aiter_fused.hf` brings the Fused-Softmax kernel. Registered under `"kernel_" + mode`. Asking for a mode that has no kernel, or for kernels
-  without CUDA, raises: a kernel name never silently runs the simulator.
+  `fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90` for the FP8 modes (`exact_fp8`, `rowmax_h15_fp8` and their `_ksmooth`
+  twins: Notes [FP8 modes in the study], [K smoothing for FP8]); each `ModeSpec` carries its own kernel factory,
+  so `aiter_fused.hf` brings the Fused-Softmax kernel. Registered under `"kernel_" + mode`. Asking for a mode
+  that has no kernel, or for kernels without CUDA, raises: a kernel name never silently runs the simulator.
 
 Counters: `attach(model)` gives the model an `AttentionRunState` whose `tally` sums the reference's
 counters (tiles, rescales, rescales skipped, BAPS restarts, Fused-Softmax recoveries) over every layer
@@ -50,6 +50,15 @@ KERNEL_PREFIX = "kernel_"
 # the FP8 cost from P's.
 # The reference and the kernel cast the same BF16-rounded values (`AttentionRunState.reference_input_dtype`),
 # so the simulator sees the kernel's bytes.
+#
+# Note [K smoothing for FP8]
+# `*_fp8_ksmooth`: k minus its mean over the call's keys (per batch entry and KV head, in fp32) before the e4m3
+# cast, SageAttention's "smooth K". Exact for the output: row i's scores all move by the same q_i . mean(k), and
+# softmax ignores a row constant, whatever keys the row sees (causal or not); the LSE moves by that constant
+# (the study reads no LSE). Why: on Qwen2.5-1.5B layer 0's k is nearly one vector for every token (a ~330 log2-unit
+# offset on every score of a row), and e4m3 rounds that offset per key (step 32 between 256 and 448), which is
+# where the FP8 and MX operands' cost comes from (docs/quality_notes.md section 5). The mean is over the keys of
+# one attention call; the study scores whole blocks without padding, so every key is a real token.
 E4M3_MAX = 448.0
 E4M3_TINY = 2.0**-6  # smallest normal
 
@@ -69,6 +78,8 @@ class ModeSpec:
     kernel_factory: Callable | None = None
     # q, k, v cast to e4m3 before the reference (the kernel factory casts its own): Note [FP8 modes in the study].
     fp8_inputs: bool = False
+    # k minus its mean over the call's keys before that cast: Note [K smoothing for FP8].
+    fp8_k_smoothing: bool = False
 
     def config(self, layer_idx: int, num_layers: int) -> SoftmaxConfig:
         fields = dict(self.config_fields)
@@ -98,8 +109,17 @@ def to_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, dict]:
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), counts
 
 
-def _fp8_inputs(q, k, v) -> tuple[list[torch.Tensor], dict]:
-    """q, k, v through `to_e4m3`, with their counters summed."""
+def smooth_k(k: torch.Tensor) -> torch.Tensor:
+    """k (batch, seqlen, heads, head_dim) minus its mean over the sequence, in fp32 or wider (Note [K smoothing
+    for FP8])."""
+    k = k.to(torch.promote_types(k.dtype, torch.float32))
+    return k - k.mean(dim=1, keepdim=True)
+
+
+def _fp8_inputs(q, k, v, k_smoothing: bool = False) -> tuple[list[torch.Tensor], dict]:
+    """q, k, v (FA4 layout) through `to_e4m3`, with their counters summed; k smoothed first if asked."""
+    if k_smoothing:
+        k = smooth_k(k)
     cast = [to_e4m3(t) for t in (q, k, v)]
     totals = {name: sum(counts[name] for _, counts in cast) for name in cast[0][1]}
     return [t for t, _ in cast], totals
@@ -110,14 +130,14 @@ def _fp8_sm90_kernel(spec: ModeSpec):
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 
     def call(module, q, k, v, causal, scale):
-        (q8, k8, v8), counters = _fp8_inputs(q, k, v)
+        (q8, k8, v8), counters = _fp8_inputs(q, k, v, spec.fp8_k_smoothing)
         out, _lse = flash_attn_fp8_sm90(q8, k8, v8, softmax_scale=scale, causal=causal, **spec.kernel_kwargs)
         return out, counters
 
     return call
 
 
-def _fp8_mode(name: str, description: str, softmax_mode: str, **knobs) -> ModeSpec:
+def _fp8_mode(name: str, description: str, softmax_mode: str, k_smoothing: bool = False, **knobs) -> ModeSpec:
     """An FP8 mode: e4m3 inputs and P with FA4's FP8 max_offset, one set of knobs for reference and kernel."""
     config_fields = {
         "mode": softmax_mode,
@@ -134,6 +154,7 @@ def _fp8_mode(name: str, description: str, softmax_mode: str, **knobs) -> ModeSp
         {"softmax_mode": softmax_mode, **knobs},
         kernel_factory=_fp8_sm90_kernel,
         fp8_inputs=True,
+        fp8_k_smoothing=k_smoothing,
     )
 
 
@@ -205,6 +226,20 @@ def _mode_table() -> dict[str, ModeSpec]:
             "Rowmax-H15 on e4m3 q/k/v, P's e4m3 bytes from the half-octave index (flushed "
             "below 2^-14 of the max), rescale threshold 0 (SM90 FP8)",
             "rowmax_h15",
+            rescale_threshold=0.0,
+        ),
+        _fp8_mode(
+            "exact_fp8_ksmooth",
+            "exact_fp8 with k minus its mean over the keys before the cast (SageAttention's K smoothing, exact for "
+            "the output)",
+            "exact",
+            k_smoothing=True,
+        ),
+        _fp8_mode(
+            "rowmax_h15_fp8_ksmooth",
+            "rowmax_h15_fp8 with k minus its mean over the keys before the cast",
+            "rowmax_h15",
+            k_smoothing=True,
             rescale_threshold=0.0,
         ),
     ]
@@ -352,7 +387,7 @@ def _reference_backend(spec: ModeSpec):
             q, k, v = q.to(in_dtype), k.to(in_dtype), v.to(in_dtype)
         fp8_counters = {}
         if spec.fp8_inputs:
-            (q, k, v), fp8_counters = _fp8_inputs(q, k, v)
+            (q, k, v), fp8_counters = _fp8_inputs(q, k, v, spec.fp8_k_smoothing)
         out, _lse, counters = attention_reference(
             q, k, v, config, causal=causal, softmax_scale=scale, compute_dtype=torch.float32, return_counters=True
         )

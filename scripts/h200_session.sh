@@ -13,6 +13,7 @@
 #   bash scripts/h200_session.sh qwen15long OUT   # Qwen2.5-1.5B at 8K blocks: exact vs H15 t0/t8 through FA4;
 #                                                 # BAPS restart rates at 2K-16K prefixes of 16K blocks
 #   bash scripts/h200_session.sh qwen15xl OUT     # Qwen2.5-1.5B at 16K blocks: exact vs H15 t0/t8 through FA4
+#   bash scripts/h200_session.sh qwen15ks OUT     # Qwen2.5-1.5B, FP8 with and without K smoothing, kernel + simulator
 #   bash scripts/h200_session.sh qwen05c OUT      # Qwen2.5-0.5B, every kernel mode and its simulator twin
 #   bash scripts/h200_session.sh qwen05s OUT      # Qwen2.5-0.5B, the simulator-only modes
 # Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
@@ -95,6 +96,11 @@ case "$STEP" in
       --tag qwen25-15b_austen_16k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
       --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_16k.log" 2>&1
     tail -8 "$OUT/qwen15_16k.log" ;;
+  qwen15ks)
+    timeout 400 python3 -m bench.quality $Q15 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-280} $RESUME \
+      --tag qwen25-15b_austen_fp8_ksmooth --modes exact_fp8 exact_fp8_ksmooth rowmax_h15_fp8_ksmooth \
+      --pairs exact_fp8_ksmooth:exact_fp8 --out "$OUT" > "$OUT/qwen15ks.log" 2>&1
+    tail -16 "$OUT/qwen15ks.log" ;;
   qwen05c)
     timeout 560 python3 -m bench.quality $Q05 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
       --tag qwen25-05b_austen_kernels --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen05c.log" 2>&1
@@ -104,6 +110,6 @@ case "$STEP" in
       --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/qwen05s.log" 2>&1
     tail -10 "$OUT/qwen05s.log" ;;
   *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
-       "qwen15s, qwen15long, qwen15xl, qwen05c or qwen05s; got '$STEP'" >&2
+       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c or qwen05s; got '$STEP'" >&2
      exit 2 ;;
 esac
