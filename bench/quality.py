@@ -735,7 +735,11 @@ def markdown_report(report: dict) -> str:
             if len(meta.get("sessions", [])) > 1
             else []
         ),
-        f"- hybrid: {meta['hybrid_schedule']}",
+        *(
+            [f"- hybrid: {meta['hybrid_schedule']}"]
+            if any(s.get("mode") == "fused_hybrid" for s in report["runs"].values())
+            else []
+        ),
         "",
         "| run | backend | delta-NLL (nats) [95% CI] | PPL change % [95% CI] | top-1 agreement % [95% CI] | "
         "KL(exact ‖ run) nats/token [95% CI] | counters | s / block |",
