@@ -342,22 +342,30 @@ def _tiles(problem: _Problem, tile_n: int, descending: bool, row_multiple: int =
     order = range(n_tiles - 1, -1, -1) if descending else range(n_tiles)
     # Causal: row i of entry b sees keys j <= i + seqlen_k[b] - seqlen_q[b] (bottom-right).
     diagonal_offsets = [sk - sq for sq, sk in zip(problem.seqlen_q, problem.seqlen_k)]
+    # The parts of the mask that do not depend on the tile, (batch, rows, 1) and (1, 1, keys), built once.
     device = problem.q.device
+    row = torch.arange(rows, device=device)[None, :, None]
+    key = torch.arange(longest_k, device=device)[None, None, :]
+    row_in_sequence = row < problem.seqlen_q_t[:, None, None]
+    last_visible_key = row + (problem.seqlen_k_t - problem.seqlen_q_t)[:, None, None]
     for index in order:
         key_start, key_end = index * tile_n, min((index + 1) * tile_n, longest_k)
         row_start = max(0, min(key_start - off for off in diagonal_offsets)) if problem.causal else 0
         row_start = row_start // row_multiple * row_multiple
         if row_start >= rows:
             continue
-        row = torch.arange(row_start, rows, device=device)
-        key = torch.arange(key_start, key_end, device=device)
-        valid = (row[None, :, None] < problem.seqlen_q_t[:, None, None]) & (
-            key[None, None, :] < problem.seqlen_k_t[:, None, None]
-        )
+        # Every (row, key) is valid when the tile's last row and key are inside every sequence and,
+        # causal, its last key is visible from its first row: decided from the lengths, no mask needed.
+        all_valid = rows <= min(problem.seqlen_q) and key_end <= min(problem.seqlen_k)
         if problem.causal:
-            offsets = (problem.seqlen_k_t - problem.seqlen_q_t)[:, None, None]
-            valid = valid & (key[None, None, :] <= row[None, :, None] + offsets)
-        valid = None if bool(valid.all()) else valid[:, None, None]
+            all_valid = all_valid and key_end - 1 <= row_start + min(diagonal_offsets)
+        valid = None
+        if not all_valid:
+            tile_key = key[:, :, key_start:key_end]
+            valid = row_in_sequence[:, row_start:] & (tile_key < problem.seqlen_k_t[:, None, None])
+            if problem.causal:
+                valid = valid & (tile_key <= last_visible_key[:, row_start:])
+            valid = valid[:, None, None]
         yield _Tile(index, key_start, key_end, row_start, valid)
 
 
@@ -471,25 +479,28 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
             anchor_step = acc_scale_log2
             if config.anchor_rounding == "half_octave":
                 anchor_step = _half_octave_anchor(m_old, scale_log2) - _half_octave_anchor(m_safe, scale_log2)
-            moved = m_new > m_old
+            if counting:
+                moved = m_new > m_old
+                rescaled = moved & (m_old > -math.inf)
             if threshold > 0.0:
                 # FA4 compares the scaled difference with -rescale_threshold (>=: keep the max).
                 keep = acc_scale_log2 >= -threshold
+                if counting:
+                    rescaled = rescaled & ~keep
+                    counters["rescales_skipped"] += (moved & keep).sum()
                 m_new = torch.where(keep, m_old, m_new)
                 m_safe = torch.where(keep, m_old, m_safe)
                 acc_scale = torch.where(keep, 1.0, torch.exp2(anchor_step))
             else:
-                keep = torch.zeros_like(moved)
                 acc_scale = torch.exp2(anchor_step)
             if counting:
-                counters["rescales"] += (moved & ~keep & (m_old > -math.inf)).sum()
-                counters["rescales_skipped"] += (moved & keep).sum()
+                counters["rescales"] += rescaled.sum()
             m_old.copy_(m_new)
         bias = config.max_offset - _anchor(m_safe, scale_log2, config)
         p = _fa4_weights(s.mul_(_score_scale(scale_log2)).add_(bias[..., None]), tile, config)
         if counting:
             counters["tiles"] += _rows_with_keys(tile, heads_q, s)
-            counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
+            counters["p_max"] = torch.maximum(counters["p_max"], p.max())
         if h15_fp8:
             p = p_operand = _h15_fp8_operand(p, p_dtype)
         else:
@@ -536,14 +547,13 @@ def _run_baps(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, co
         acc_scale = torch.where(m_new > m_old, torch.exp2(m_old - m_new), 1.0)
         m_old.copy_(m_new)
         t = x - torch.where(m_new == -math.inf, 0.0, m_new)[..., None]
-        p = round_to_hif8(torch.exp2(round_to_hif8(t)))
-        if bool(restart_row.any()):
-            p = torch.where(restart_row[..., None], torch.exp2(t), p)
+        # The fp32 P of restarted rows, the HiF8 P of the others; both always built (no host sync per tile).
+        p = torch.where(restart_row[..., None], torch.exp2(t), round_to_hif8(torch.exp2(round_to_hif8(t))))
         sums = row_sum[:, :, :, tile.row_start :]
         sums.mul_(acc_scale).add_(p.sum(-1))
         if counting:
             counters["tiles"] += _rows_with_keys(tile, heads_q, x)
-            counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
+            counters["p_max"] = torch.maximum(counters["p_max"], p.max())
             if tile.index >= config.baps_critical_tiles:
                 if tile.valid is None:
                     block_valid = torch.ones_like(restart_block)
@@ -588,7 +598,7 @@ def _run_fused_softmax(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.
         if counting:
             counters["tiles"] += _rows_with_keys(tile, heads_q, x)
             counters["recoveries"] += recovered.sum()
-            counters["p_max"] = torch.maximum(counters["p_max"], p.max().to(counters["p_max"].dtype))
+            counters["p_max"] = torch.maximum(counters["p_max"], p.max())
         _accumulate_pv(problem, tile, p, acc, acc_scale)
     return acc, row_sum, frozen, counters
 

@@ -29,6 +29,8 @@ exponent and only the mantissa bits are cleared, giving 2^-22. Integer arithmeti
 no double rounding.
 """
 
+import functools
+
 import torch
 
 HIF8_MAX = 2.0**15
@@ -39,12 +41,19 @@ _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64
 _IEEE_LAYOUT = {torch.float32: (torch.int32, 23, 127), torch.float64: (torch.int64, 52, 1023)}
 # Exponents covered by the width table: -23 (rounds to 2^-22 or below) .. 16 (overflows).
 _TABLE_LOW, _TABLE_HIGH = HIF8_MIN_EXPONENT - 1, HIF8_MAX_EXPONENT + 1
+# dtype -> the IEEE bits of HIF8_MAX and of +inf, as ints.
+_MAX_AND_INF_BITS = {
+    dtype: tuple(torch.tensor(value, dtype=dtype).view(int_dtype).item() for value in (HIF8_MAX, float("inf")))
+    for dtype, (int_dtype, _, _) in _IEEE_LAYOUT.items()
+}
 
 
+@functools.cache
 def _mantissa_width_table(int_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Stored mantissa bits of HiF8 for 2^e * 1.f, e = -23 .. 16 (Note [HiF8 grid and rounding]).
 
-    e = -23 gets width -1: its quantum is 2^-22, the smallest denormal.
+    e = -23 gets width -1: its quantum is 2^-22, the smallest denormal. Built once per dtype and
+    device (a constant, read only).
     """
     exponent = torch.arange(_TABLE_LOW, _TABLE_HIGH + 1)
     magnitude = exponent.abs()
@@ -72,8 +81,7 @@ def round_to_hif8(x: torch.Tensor) -> torch.Tensor:
     cleared = (one << drop.clamp(max=mantissa_bits)) - 1
     rounded = (magnitude + (one << (drop - 1))) & ~cleared
     rounded = torch.where(exponent < _TABLE_LOW, 0, rounded)
-    max_bits = torch.tensor(HIF8_MAX, dtype=work.dtype).view(int_dtype).item()
-    inf_bits = torch.tensor(float("inf"), dtype=work.dtype).view(int_dtype).item()
+    max_bits, inf_bits = _MAX_AND_INF_BITS[work.dtype]
     rounded = torch.where(rounded > max_bits, inf_bits, rounded)
     # The sign goes back on everything but zero (HiF8 has one zero, +0).
     rounded = torch.where(rounded == 0, rounded, rounded | (bits & sign_bit))
