@@ -379,13 +379,19 @@ def _frozen_max_step(m, tile_max, acc, row_sum, recoveries, recovery_threshold, 
     recovered = (m > float("-inf")) & (tile_max > m + recovery_threshold)
     m_new = tl.where(first | recovered, tile_max, m)
     if tl.max(recovered.to(tl.int32), axis=0) > 0:
-        alpha = tl.where(recovered, tl.exp2(m - m_new), 1.0)
-        acc = acc * alpha[:, None]
-        if ROW_SUM_GEMM:
-            row_sum = row_sum * alpha[:, None]
-        else:
-            row_sum = row_sum * alpha
+        acc, row_sum = _rescale_rows(acc, row_sum, tl.where(recovered, tl.exp2(m - m_new), 1.0), ROW_SUM_GEMM)
     return m_new, acc, row_sum, recoveries + recovered.to(tl.int32)
+
+
+@triton.jit
+def _rescale_rows(acc, row_sum, alpha, ROW_SUM_GEMM: tl.constexpr):
+    """O and the row sum (or its GEMM accumulator, Note [Row sum by GEMM]) times the per-row factor ``alpha``."""
+    acc = acc * alpha[:, None]
+    if ROW_SUM_GEMM:
+        row_sum = row_sum * alpha[:, None]
+    else:
+        row_sum = row_sum * alpha
+    return acc, row_sum
 
 
 @triton.jit
@@ -415,12 +421,7 @@ def _folded_max_step(m, addend, z, acc, row_sum, recoveries, recovery_bound, ROW
         z = z + shift[:, None]
         addend = addend + shift
         m_new = tl.where(moved, (_SCHRAUDOLPH_BIAS - addend) * 0.0078125, m)
-        alpha = tl.where(recovered, tl.exp2(m - m_new), 1.0)
-        acc = acc * alpha[:, None]
-        if ROW_SUM_GEMM:
-            row_sum = row_sum * alpha[:, None]
-        else:
-            row_sum = row_sum * alpha
+        acc, row_sum = _rescale_rows(acc, row_sum, tl.where(recovered, tl.exp2(m - m_new), 1.0), ROW_SUM_GEMM)
         m = m_new
     return m, addend, z, acc, row_sum, recoveries + recovered.to(tl.int32)
 

@@ -36,7 +36,18 @@ Q15="--device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-1.5b 
 Q05="--device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-0.5b --block-size 2048"
 KERNEL_MODES="exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fused_mxfp6 fused_mxfp4 fused_hybrid \
   exact_fp8 rowmax_h15_fp8"
-RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen15k/c/s step's scoring budget
+RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen step's scoring budget
+# One model's kernel-vs-simulator table and its simulator-only modes: compare_step / simulator_step OPTIONS TAG LOG.
+compare_step() {
+  timeout 560 python3 -m bench.quality $1 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
+    --tag "$2" --modes $KERNEL_MODES --out "$OUT" > "$OUT/$3" 2>&1
+  tail -26 "$OUT/$3"
+}
+simulator_step() {
+  timeout 560 python3 -m bench.quality $1 --blocks 97 --time-budget-s ${BUDGET:-300} $RESUME --tag "$2" \
+    --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/$3" 2>&1
+  tail -10 "$OUT/$3"
+}
 case "$STEP" in
   bench)
     python3 -m bench --fp8 --seqlens 8K 16K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_focus \
@@ -74,14 +85,8 @@ case "$STEP" in
     timeout 560 python3 -m bench.quality $Q15 --blocks 97 --kernels-only --time-budget-s ${BUDGET:-430} $RESUME \
       --tag qwen25-15b_austen_kernels_only --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen15k.log" 2>&1
     tail -16 "$OUT/qwen15k.log" ;;
-  qwen15c)
-    timeout 560 python3 -m bench.quality $Q15 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-430} $RESUME \
-      --tag qwen25-15b_austen_kernels --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen15c.log" 2>&1
-    tail -26 "$OUT/qwen15c.log" ;;
-  qwen15s)
-    timeout 560 python3 -m bench.quality $Q15 --blocks 97 --time-budget-s ${BUDGET:-420} $RESUME --tag qwen25-15b_austen_full_sim \
-      --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/qwen15s.log" 2>&1
-    tail -10 "$OUT/qwen15s.log" ;;
+  qwen15c) compare_step "$Q15" qwen25-15b_austen_kernels qwen15c.log ;;
+  qwen15s) simulator_step "$Q15" qwen25-15b_austen_full_sim qwen15s.log ;;
   qwen15long)
     timeout 230 python3 -m bench.quality $Q15 --block-size 8192 --blocks 24 --kernels-only --time-budget-s 110 \
       --tag qwen25-15b_austen_8k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
@@ -101,14 +106,8 @@ case "$STEP" in
       --tag qwen25-15b_austen_fp8_ksmooth --modes exact_fp8 exact_fp8_ksmooth rowmax_h15_fp8_ksmooth \
       --pairs exact_fp8_ksmooth:exact_fp8 --out "$OUT" > "$OUT/qwen15ks.log" 2>&1
     tail -16 "$OUT/qwen15ks.log" ;;
-  qwen05c)
-    timeout 560 python3 -m bench.quality $Q05 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
-      --tag qwen25-05b_austen_kernels --modes $KERNEL_MODES --out "$OUT" > "$OUT/qwen05c.log" 2>&1
-    tail -26 "$OUT/qwen05c.log" ;;
-  qwen05s)
-    timeout 560 python3 -m bench.quality $Q05 --blocks 97 --time-budget-s ${BUDGET:-300} $RESUME --tag qwen25-05b_austen_full_sim \
-      --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/qwen05s.log" 2>&1
-    tail -10 "$OUT/qwen05s.log" ;;
+  qwen05c) compare_step "$Q05" qwen25-05b_austen_kernels qwen05c.log ;;
+  qwen05s) simulator_step "$Q05" qwen25-05b_austen_full_sim qwen05s.log ;;
   *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c or qwen05s; got '$STEP'" >&2
      exit 2 ;;
