@@ -8,9 +8,12 @@
 #   "bf16 0 64" fails too -> not the fold: the bf16 build at this shape (or Triton); then run that case under
 #   `compute-sanitizer --tool memcheck` if the machine has it. Only exp_fold=1 fails -> intermittent: repeat it.
 #   bash scripts/aiter_fold_gpu_diag.sh > OUT/aiter_fold_diag.log 2>&1
-for case in "bf16 0 64" "bf16 1 64" "bf16 0 32" "bf16 1 32" "scaled 0 64" "scaled 1 64"; do
+# CASES="bf16 1 64" picks cases; SANITIZER=PATH runs each under `PATH --tool memcheck` (its report goes to stdout).
+CASES=${CASES:-"bf16 0 64|bf16 1 64|bf16 0 32|bf16 1 32|scaled 0 64|scaled 1 64"}
+IFS='|' read -ra CASE_LIST <<< "$CASES"
+for case in "${CASE_LIST[@]}"; do
   set -- $case
-  CUDA_LAUNCH_BLOCKING=1 AITER_FUSED_ALLOW_UNVERIFIED=exp_fold ${PYTHON:-python3} -c "
+  CUDA_LAUNCH_BLOCKING=1 AITER_FUSED_ALLOW_UNVERIFIED=exp_fold ${SANITIZER:+$SANITIZER --tool memcheck} ${PYTHON:-python3} -c "
 import torch, traceback
 from aiter_fused.attention import fused_softmax_attention
 from tests.test_fused_softmax import adversarial_qkv
@@ -27,5 +30,5 @@ except Exception as error:
     frames = [f'{f.filename.split(chr(47))[-1]}:{f.lineno}' for f in traceback.extract_tb(error.__traceback__)
               if 'aiter_fused' in f.filename]
     print('dot_mode=$1 exp_fold=$2 tile_n=$3: FAIL', type(error).__name__, str(error).splitlines()[0], '| at', frames)
-" 2>&1 | grep "dot_mode="
+" 2>&1 | if [ -n "${SANITIZER:-}" ]; then grep -v "^$" | tail -40; else grep "dot_mode="; fi
 done

@@ -102,7 +102,7 @@ case "$STEP" in
       --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_16k.log" 2>&1
     tail -8 "$OUT/qwen15_16k.log" ;;
   qwen15ks)
-    timeout 400 python3 -m bench.quality $Q15 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-280} $RESUME \
+    timeout 560 python3 -m bench.quality $Q15 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
       --tag qwen25-15b_austen_fp8_ksmooth --modes exact_fp8 exact_fp8_ksmooth rowmax_h15_fp8_ksmooth \
       --pairs exact_fp8_ksmooth:exact_fp8 --out "$OUT" > "$OUT/qwen15ks.log" 2>&1
     tail -16 "$OUT/qwen15ks.log" ;;
