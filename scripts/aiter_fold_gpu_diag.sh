@@ -30,5 +30,5 @@ except Exception as error:
     frames = [f'{f.filename.split(chr(47))[-1]}:{f.lineno}' for f in traceback.extract_tb(error.__traceback__)
               if 'aiter_fused' in f.filename]
     print('dot_mode=$1 exp_fold=$2 tile_n=$3: FAIL', type(error).__name__, str(error).splitlines()[0], '| at', frames)
-" 2>&1 | if [ -n "${SANITIZER:-}" ]; then grep -v "^$" | tail -40; else grep "dot_mode="; fi
+" 2>&1 | if [ -n "${SANITIZER:-}" ]; then grep -v "^$\|Host Frame" | head -40; else grep "dot_mode="; fi
 done
