@@ -120,32 +120,26 @@ def _check_row_sum(row_sum, exact: bool, dot_mode: str) -> None:
         )
 
 
-# Note [exp_fold on GPUs]: the fold's first GPU run (H200, 2026-12-01, bench/results/h200_2026-12-01_s3/aiter/)
-# passed 9 of its tests and then faulted with an illegal memory access in the extreme-score test ("bf16",
-# tile 64, head dim 32). A CPU comparison of the sm_90 builds with and without the fold found the same memory
-# instructions, and the unfolded "bf16" kernel at that shape had never run on a GPU either, so the fault is not
-# yet placed (docs/aiter_matrix_core.md, "The H200 fault"). Until a GPU run passes the fold's tests, a GPU
-# refuses exp_fold=True; this variable set to "exp_fold" runs it anyway, for that diagnosis
-# (scripts/aiter_fold_gpu_diag.sh, the GPU tests). The Triton interpreter (CPU tensors) always accepts it.
-ALLOW_UNVERIFIED_ENV = "AITER_FUSED_ALLOW_UNVERIFIED"
+# Note [exp_fold on GPUs]: the fold's first H200 run (2026-12-01, bench/results/h200_2026-12-01_s3/aiter/) faulted
+# in its extreme-score test ("bf16", tile 64, head dim 32), and GPUs refused exp_fold=True until the fault was
+# placed. It is the unfolded kernel's: at that launch "bf16" faults with the fold off as well, and "scaled" does
+# too (scripts/aiter_fold_gpu_diag.sh, bench/results/h200_2026-12-01_s4/first_call/); head dim 32 at tiles 64 and
+# 128 is refused for both modes on sm90 now (Note [sm90 refusals] in launch.py). Where the kernel runs, the fold
+# matched its reference on the H200: dense, causal, GQA, MXFP8/6/4, "bf16" and "scaled", both row sums, varlen
+# with empty and fully masked rows, NaN inputs (14 tests over the two sessions). Its extreme-score tests now use
+# head dim 64, a launch that runs; they have not yet run on a GPU (docs/aiter_matrix_core.md, "The H200 fault").
 
 
-def _check_exp_fold(exp_fold, exact: bool, dot_mode: str, device: torch.device) -> None:
+def _check_exp_fold(exp_fold, exact: bool, dot_mode: str) -> None:
     """``exp_fold=True`` (Note [Folded Schraudolph] in ``kernel.py``) needs a score dot with an fp32 accumulator
     to start from the addend, and Schraudolph P: "bf16" and "scaled"; not "fp8" (per-chunk FP8 dots combined
-    outside the MMA) nor the exact twin (exact exp2). On a GPU, Note [exp_fold on GPUs]."""
+    outside the MMA) nor the exact twin (exact exp2). Its GPU record: Note [exp_fold on GPUs]."""
     if not isinstance(exp_fold, bool):
         raise TypeError(f"exp_fold must be a bool; got {type(exp_fold).__name__}")
     if exp_fold and (exact or dot_mode not in EXP_FOLD_DOT_MODES):
         raise ValueError(
             f"exp_fold=True takes the MX dot modes {EXP_FOLD_DOT_MODES}; got "
             f"{'exact=True' if exact else f'dot_mode={dot_mode!r}'}"
-        )
-    if exp_fold and device.type != "cpu" and os.environ.get(ALLOW_UNVERIFIED_ENV) != "exp_fold":
-        raise ValueError(
-            "exp_fold=True has not passed its GPU tests (its first H200 run faulted: Note [exp_fold on GPUs] in "
-            f"aiter_fused/attention.py); accepted on a {device.type} device: exp_fold=False. "
-            f"{ALLOW_UNVERIFIED_ENV}=exp_fold runs it anyway, to diagnose the fault"
         )
 
 
@@ -192,10 +186,18 @@ def _launch(
     if dot_mode not in launch.dot_modes:
         raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")
     _check_row_sum(row_sum, exact, dot_mode)
-    _check_exp_fold(exp_fold, exact, dot_mode, q.device)
+    _check_exp_fold(exp_fold, exact, dot_mode)
     tile_n = launch.tile_n if tile_n is None else tile_n
     if tile_n not in TILE_SIZES:
         raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES}; got {tile_n!r}")
+    kernel = "exact" if exact else dot_mode
+    refusal = launch.refusal(head_dim, tile_n, kernel)
+    if refusal is not None:  # Note [sm90 refusals] in launch.py
+        accepted = [t for t in TILE_SIZES if launch.refusal(head_dim, t, kernel) is None]
+        raise ValueError(
+            f"{'the exact twin' if exact else f'dot_mode={dot_mode!r}'} at head_dim={head_dim} with tile_n={tile_n} "
+            f"is refused on {arch}: {refusal.why}; accepted tile_n there: {accepted}"
+        )
 
     batch = cu_seqlens_q.numel() - 1
     heads_q, heads_k = q.shape[1], k.shape[1]

@@ -41,13 +41,43 @@ Note [Launch table]
   default stages (3 on CUDA); Triton's CPU interpreter uses BLOCK_M 16 (speed of the tests only).
 - ``num_stages`` is the depth of the KV loads' software pipeline (buffers in shared memory); 0 leaves
   Triton's default, which is what gfx950 and gfx942 compile with.
+- ``refusals``: what a launch was measured not to run (Note [sm90 refusals]); the dispatcher raises a
+  ValueError naming the accepted tiles instead of launching them.
+
+Note [sm90 refusals]
+~~~~~~~~~~~~~~~~~~~~
+Measured on the H200 (2026-12-01 17:18 UTC, Triton 3.6.0, the sm90 launch above: BLOCK_M 128, 8 warps, 3
+stages; ``scripts/aiter_sm90_launch_sweep.py``, every kernel x tile x head dim x mask in its own process, the
+output against the same mode's reference; ``bench/results/h200_2026-12-01_s4/aiter_sweep/``):
+- head dim 32, dot modes "bf16" and "scaled", tiles 64 and 128: "scaled" returned wrong outputs (relative L2
+  error 1.4-1.6 against its reference, or Inf) at both tiles and hit an illegal memory access at tile 128
+  causal; "bf16" at tile 64 hit an illegal memory access with 4 query rows (a 128-row block mostly masked),
+  folded or not, in four of five processes (under ``compute-sanitizer`` once it ran clean: a race, not a fixed
+  address), while 300 rows ran right. Tile 32 ran right in both modes, and "fp8" and the exact twin at every
+  tile. Not placed further; public Triton issues report illegal shared-memory reads on Hopper at head dim 32
+  with several dots (triton-lang/triton #10486, #10573, #11366). Refused: both modes at tiles 64 and 128.
+- head dim 256: the compile needs more shared memory than an H200 block has (232,448 bytes): the exact twin
+  262,144 at tile 64 and 458,752 at tile 128, "bf16" 327,680 and "scaled" 264,192 at tile 128 (Triton's
+  OutOfResources). Refused, with the tiles that fit named, rather than Triton's error; "fp8" fits at every tile.
+Head dims 64 and 128 ran right everywhere, both masks.
 """
 
 import dataclasses
 
 import torch
 
-__all__ = ["LAUNCHES", "Launch", "arch_of", "launch_for"]
+__all__ = ["LAUNCHES", "Launch", "Refusal", "arch_of", "launch_for"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Kernels a launch does not run (Note [sm90 refusals]): ``kernels`` holds dot modes, "exact" for the exact
+    twin; ``why`` is the measurement, for the error message."""
+
+    head_dim: int
+    kernels: tuple[str, ...]
+    tile_ns: tuple[int, ...]
+    why: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +89,14 @@ class Launch:
     dot_modes: tuple[str, ...] = ("bf16", "fp8", "scaled")  # the dot modes that compile there
     num_stages: int = 0  # software-pipelining depth of the KV loads; 0: Triton's default
     kv_tile_offsets: bool = False  # the exact twin's K/V addresses: Note [KV addresses] in kernel.py
+    refusals: tuple[Refusal, ...] = ()  # Note [sm90 refusals]
+
+    def refusal(self, head_dim: int, tile_n: int, kernel: str):
+        """The ``Refusal`` covering this kernel ("exact" or a dot mode) at this head dim and tile, or None."""
+        for refusal in self.refusals:
+            if head_dim == refusal.head_dim and tile_n in refusal.tile_ns and kernel in refusal.kernels:
+                return refusal
+        return None
 
     def options(self, arch: str) -> dict:
         """Triton launch/compile options (``waves_per_eu`` only where Triton's HIP backend takes it,
@@ -71,11 +109,23 @@ class Launch:
         return options
 
 
+# Note [sm90 refusals]
+_SM90_HEAD_DIM_32 = (
+    "wrong outputs or an illegal memory access on the H200 (Triton 3.6.0, 2026-12-01; Note [sm90 refusals] in "
+    "aiter_fused/launch.py)"
+)
+_SM90_SHARED_MEMORY = "needs more shared memory than an H200 block has (232,448 bytes; Note [sm90 refusals])"
+SM90_REFUSALS = (
+    Refusal(32, ("bf16", "scaled"), (64, 128), _SM90_HEAD_DIM_32),
+    Refusal(256, ("exact",), (64, 128), _SM90_SHARED_MEMORY),
+    Refusal(256, ("bf16", "scaled"), (128,), _SM90_SHARED_MEMORY),
+)
+
 # Note [Launch table]
 LAUNCHES = {
     "gfx950": Launch(block_m=128, num_warps=4, tile_n=64),
     "gfx942": Launch(block_m=128, num_warps=4, tile_n=64, dot_modes=("bf16", "fp8")),
-    "sm90": Launch(block_m=128, num_warps=8, tile_n=128, num_stages=3),  # kv_tile_offsets off: measured
+    "sm90": Launch(block_m=128, num_warps=8, tile_n=128, num_stages=3, refusals=SM90_REFUSALS),  # tile offsets off
     "default": Launch(block_m=64, num_warps=4, tile_n=128),
     "interpreter": Launch(block_m=16, num_warps=4, tile_n=128),
 }

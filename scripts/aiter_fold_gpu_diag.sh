@@ -13,7 +13,7 @@ CASES=${CASES:-"bf16 0 64|bf16 1 64|bf16 0 32|bf16 1 32|scaled 0 64|scaled 1 64"
 IFS='|' read -ra CASE_LIST <<< "$CASES"
 for case in "${CASE_LIST[@]}"; do
   set -- $case
-  CUDA_LAUNCH_BLOCKING=1 AITER_FUSED_ALLOW_UNVERIFIED=exp_fold ${SANITIZER:+$SANITIZER --tool memcheck} ${PYTHON:-python3} -c "
+  CUDA_LAUNCH_BLOCKING=1 ${SANITIZER:+$SANITIZER --tool memcheck} ${PYTHON:-python3} -c "
 import torch, traceback
 from aiter_fused.attention import fused_softmax_attention
 from tests.test_fused_softmax import adversarial_qkv

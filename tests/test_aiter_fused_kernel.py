@@ -8,6 +8,7 @@ CPU to check the CUDA build and its FP8 tensor-core instructions."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,10 +23,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from aiter_fused.attention import (  # noqa: E402
-    ALLOW_UNVERIFIED_ENV,
     fused_softmax_attention,
     fused_softmax_attention_varlen,
 )
+from aiter_fused.launch import LAUNCHES  # noqa: E402
 from aiter_fused.tolerances import (  # noqa: E402
     INTERPRETER_FOLD_Z_ROUNDINGS,
     OUT_REL_TOL,
@@ -357,12 +358,6 @@ def _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, keys, hea
     assert fold_lse_ok(lse.cpu(), ref_lse, moves, keys, z_roundings, z_ulp), lse_stats(lse.cpu(), ref_lse)
 
 
-@pytest.fixture
-def fold_allowed_on_gpu(monkeypatch):
-    """The fold's GPU tests run it past Note [exp_fold on GPUs]'s refusal: they are how it gets verified."""
-    monkeypatch.setenv(ALLOW_UNVERIFIED_ENV, "exp_fold")
-
-
 @pytest.mark.parametrize(
     "mx_format,causal,dot_mode,row_sum",
     [
@@ -374,7 +369,7 @@ def fold_allowed_on_gpu(monkeypatch):
         pytest.param("mxfp4", True, "scaled", "gemm", marks=_NEEDS_GPU_FOR_SCALED),
     ],
 )
-def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum, fold_allowed_on_gpu):
+def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum):
     """Note [Folded Schraudolph]: the kernel with exp_fold against the reference with exp_fold, GQA 4:2, 83 keys
     in tiles of 32 (a partial last tile), recoveries at threshold 2 (the re-derivation), row_sum="gemm" too.
     The same recoveries; LSE and output within Note [Folded Schraudolph tolerance]."""
@@ -392,7 +387,7 @@ def test_exp_fold_matches_reference(mx_format, causal, dot_mode, row_sum, fold_a
     _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 83, 64, dot_mode)
 
 
-def test_exp_fold_varlen_with_empty_and_fully_masked_rows(fold_allowed_on_gpu):
+def test_exp_fold_varlen_with_empty_and_fully_masked_rows():
     """exp_fold on the varlen entry: an empty sequence, rows that see no key (the addend stays 0, the max unset:
     out 0, LSE -inf), a 10-key sequence in one partial tile."""
     gen = torch.Generator().manual_seed(13)
@@ -412,11 +407,12 @@ def test_exp_fold_varlen_with_empty_and_fully_masked_rows(fold_allowed_on_gpu):
 
 
 @pytest.mark.parametrize("name", ADVERSARIAL)
-def test_exp_fold_extreme_scores(name, fold_allowed_on_gpu):
+def test_exp_fold_extreme_scores(name):
     """Extreme score ranges (a late max, a late 400, a staircase up and down, one score of 3000, all equal):
     every recovery seen on the folded z, and the reference's values. Scores up to 3000 log2 units put the
-    addend far past 2**15: the tolerance takes fp32's ulp there (``fold_z_ulp``)."""
-    q, k, v, scale = adversarial_qkv(name, 320)
+    addend far past 2**15: the tolerance takes fp32's ulp there (``fold_z_ulp``). Head dim 64: tile 64 at head
+    dim 32 is refused on sm90 (Note [sm90 refusals] in aiter_fused/launch.py)."""
+    q, k, v, scale = adversarial_qkv(name, 320, d=64)
     q, k, v = (t.bfloat16().to(DEVICE) for t in (q, k, v))
     common = dict(softmax_scale=scale, tile_n=64, mx_format="mxfp8", exp_fold=True)
     out, lse, recoveries = fused_softmax_attention(q, k, v, dot_mode="bf16", return_recoveries=True, **common)
@@ -431,10 +427,10 @@ def test_exp_fold_extreme_scores(name, fold_allowed_on_gpu):
     assert torch.isfinite(out.float()).all()
     max_score = (q.float().cpu()[0, :, 0] @ k.float().cpu()[0, :, 0].T).abs().max().item()  # scale: log2 units
     moves = 1 + int(counters["recoveries"].max())
-    _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 320, 32, "bf16", fold_z_ulp(max_score))
+    _assert_fold_close_to_reference(out, lse, ref_out, ref_lse, moves, 320, 64, "bf16", fold_z_ulp(max_score))
 
 
-def test_exp_fold_nan_input_poisons_its_rows(fold_allowed_on_gpu):
+def test_exp_fold_nan_input_poisons_its_rows():
     """As test_nan_input_poisons_its_rows_in_every_dot_mode, with exp_fold: a NaN z must stay NaN in P."""
     gen = torch.Generator().manual_seed(15)
     q, k, v = _randn(1, 20, 2, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen), _randn(1, 70, 1, 64, gen=gen)
@@ -447,27 +443,46 @@ def test_exp_fold_nan_input_poisons_its_rows(fold_allowed_on_gpu):
         assert torch.equal(torch.isnan(lse.cpu()), torch.isnan(ref_lse))
 
 
-def test_exp_fold_is_refused_on_a_gpu_until_verified(monkeypatch):
-    """Note [exp_fold on GPUs]: a GPU tensor with exp_fold=True is refused, naming the argument and the accepted
-    value, unless the diagnosis variable is set; CPU tensors (the interpreter) are not refused."""
-    from aiter_fused.attention import _check_exp_fold
+def test_sm90_refusals_name_the_accepted_tiles():
+    """Note [sm90 refusals]: the sm90 launch refuses what the H200 sweep found wrong or out of shared memory, with
+    a ValueError naming the kernel, the head dim and the tiles that run; everything else passes."""
+    sm90 = LAUNCHES["sm90"]
+    assert sm90.refusal(32, 64, "bf16") and sm90.refusal(32, 128, "scaled") and sm90.refusal(256, 64, "exact")
+    assert sm90.refusal(256, 128, "bf16") and sm90.refusal(256, 128, "scaled")
+    for head_dim, tile_n, kernel in [
+        (32, 32, "bf16"),
+        (32, 64, "fp8"),
+        (32, 128, "exact"),
+        (64, 128, "bf16"),
+        (128, 64, "scaled"),
+        (256, 32, "exact"),
+        (256, 64, "bf16"),
+        (256, 128, "fp8"),
+    ]:
+        assert sm90.refusal(head_dim, tile_n, kernel) is None, (head_dim, tile_n, kernel)
+    assert all(launch.refusals == () for arch, launch in LAUNCHES.items() if arch != "sm90")
 
-    monkeypatch.delenv(ALLOW_UNVERIFIED_ENV, raising=False)
-    for device in (torch.device("cuda", 0), torch.device("cuda")):
-        with pytest.raises(ValueError, match="exp_fold=True has not passed its GPU tests.*exp_fold=False"):
-            _check_exp_fold(True, False, "bf16", device)
-    _check_exp_fold(True, False, "bf16", torch.device("cpu"))
-    _check_exp_fold(False, False, "fp8", torch.device("cuda"))
-    monkeypatch.setenv(ALLOW_UNVERIFIED_ENV, "everything")
-    with pytest.raises(ValueError, match="has not passed its GPU tests"):
-        _check_exp_fold(True, False, "scaled", torch.device("cuda"))
-    monkeypatch.setenv(ALLOW_UNVERIFIED_ENV, "exp_fold")
-    _check_exp_fold(True, False, "scaled", torch.device("cuda"))
-    if DEVICE == "cuda":  # the public entry refuses it on the real device too
-        monkeypatch.delenv(ALLOW_UNVERIFIED_ENV)
-        q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
-        with pytest.raises(ValueError, match="has not passed its GPU tests"):
-            fused_softmax_attention(q, q, q, dot_mode="bf16", exp_fold=True)
+
+@pytest.mark.parametrize(
+    "head_dim,tile_n,kwargs,accepted",
+    [
+        (32, 64, dict(dot_mode="bf16"), "[32]"),
+        (32, None, dict(dot_mode="scaled", exp_fold=True), "[32]"),
+        (256, None, dict(exact=True), "[32]"),
+        (256, 128, dict(dot_mode="scaled"), "[32, 64]"),
+    ],
+)
+def test_sm90_refusal_reaches_the_public_entry(monkeypatch, head_dim, tile_n, kwargs, accepted):
+    """The dispatcher applies the launch's refusals before quantizing anything: with the sm90 entry of the launch
+    table (on the CPU: the interpreter told it is an sm90), a refused call raises and names the accepted tiles."""
+    from aiter_fused import attention
+
+    monkeypatch.setattr(attention, "launch_for", lambda device: ("sm90", LAUNCHES["sm90"]))
+    q = torch.zeros(1, 8, 2, head_dim, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(
+        ValueError, match=rf"head_dim={head_dim} with tile_n=\d+ is refused on sm90.*{re.escape(accepted)}"
+    ):
+        fused_softmax_attention(q, q, q, tile_n=tile_n, **kwargs)
 
 
 def test_bad_arguments():
