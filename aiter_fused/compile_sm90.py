@@ -27,6 +27,22 @@ num_warps)`` scores of it (64 at BLOCK_M 128, BLOCK_N 128, 8 warps). Hopper issu
 per SMSP whatever the pipe, so loop instructions / scores per thread is the issue cost per score element, the number
 FA4's SM90 budget is written in (``docs/fa4_notes.md``: stock's main loop is 474 instructions per warp and 128 x 128
 tile, 7.4 per element).
+
+Note [SASS control bits]
+~~~~~~~~~~~~~~~~~~~~~~~~
+From Volta on, every SASS instruction is one 128-bit word, and ptxas writes its static schedule into the word's top
+bits: ``cuobjdump -sass`` prints the word as two 64-bit halves, low then high, and the control field starts at bit
+41 of the high half (bit 105 of the word). In order from there: stall count (4 bits: cycles the warp waits before
+issuing its next instruction, covering fixed-latency dependencies), yield (1 bit), write barrier index (3 bits; 7 =
+none: the scoreboard a variable-latency result releases), read barrier index (3 bits; 7 = none: released when the
+operands have been read), wait-barrier mask (6 bits: the scoreboards this instruction waits for), reuse (4 bits,
+operand reuse cache). Sources: CuAssembler's ``CuSMVersion.py`` (github.com/cloudcores/CuAssembler: ``CCPos_7x_8x
+= 64+41``, a 17-bit mask without the reuse bits), SASSOverlay's ``sassoverlay.py`` (github.com/sebftw/SASSOverlay:
+the fields in this order and widths, from the Turing paper arXiv 1903.07486), and maxas's Control-Codes wiki (the
+fields' meaning). Checked on this kernel: every LDG sets a write barrier and the first instruction to read its
+result waits on that barrier's bit. ``loop_schedule`` sums the stall counts over the main loop and counts the waits
+by the instruction that set the barrier (Note [Latency rule] in ``cost_model.py`` says what the model does with
+them).
 """
 
 import argparse
@@ -52,10 +68,11 @@ from aiter_fused.compile_check import Config, _source
 from aiter_fused.launch import LAUNCHES, Launch
 from fa4_rowmax.config import MX_FORMATS
 
-__all__ = ["BENCH_SHAPE", "compile_one", "loop_counts", "main"]
+__all__ = ["BENCH_SHAPE", "compile_one", "decode_control", "loop_counts", "loop_schedule", "main"]
 
 BENCH_SHAPE = dict(tokens=32768, heads=16)  # batch x seqlen = 32K tokens, 16 heads (bench/kernels.py)
 _SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+_HIGH_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")  # the line after an instruction: its high 64 bits
 _BRANCH_TARGET = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
 _GMMA = ("HGMMA", "QGMMA")
 
@@ -123,14 +140,16 @@ def _specialized_source(config: Config, launch: Launch, tokens: int, heads: int)
     return ASTSource(source.fn, signature, {names[key[0]]: value for key, value in constants.items()}, attrs)
 
 
-def _instructions(sass: str) -> list[tuple[int, str]]:
-    """(address, instruction) of every SASS line, the guard predicate kept."""
+def _instructions(sass: str) -> list[tuple[int, str, Optional[int]]]:
+    """(address, instruction, high 64 bits of its encoding or None) of every SASS line, the guard predicate kept."""
     result = []
     for line in sass.splitlines():
         found = _SASS.search(line)
         if found:
             address = re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1)
-            result.append((int(address, 16), found.group(1)))
+            result.append((int(address, 16), found.group(1), None))
+        elif result and result[-1][2] is None and (high := _HIGH_WORD.match(line)):
+            result[-1] = (*result[-1][:2], int(high.group(1), 16))
     return result
 
 
@@ -138,19 +157,90 @@ def _mnemonic(instruction: str) -> str:
     return (instruction.split(None, 1)[1] if instruction.startswith("@") else instruction).split()[0]
 
 
-def loop_counts(sass: str) -> dict:
-    """Mnemonic counts of the main loop: the span from a backward branch's target to the branch holding the most
+def _main_loop(sass: str) -> list[tuple[int, str, Optional[int]]]:
+    """The main loop's instructions: the span from a backward branch's target to the branch holding the most
     warpgroup MMAs (HGMMA for BF16, QGMMA for FP8)."""
     instructions = _instructions(sass)
-    index_of = {address: index for index, (address, _) in enumerate(instructions)}
-    best: list[str] = []
-    for index, (address, text) in enumerate(instructions):
+    index_of = {address: index for index, (address, _, _) in enumerate(instructions)}
+    best: list = []
+    for index, (address, text, _) in enumerate(instructions):
         target = _BRANCH_TARGET.search(text)
         if target and int(target.group(1), 16) <= address and int(target.group(1), 16) in index_of:
-            body = [_mnemonic(item) for _, item in instructions[index_of[int(target.group(1), 16)] : index + 1]]
-            if sum(m.startswith(_GMMA) for m in body) > sum(m.startswith(_GMMA) for m in best):
+            body = instructions[index_of[int(target.group(1), 16)] : index + 1]
+            if sum(_mnemonic(t).startswith(_GMMA) for _, t, _ in body) > sum(
+                _mnemonic(t).startswith(_GMMA) for _, t, _ in best
+            ):
                 best = body
-    return dict(Counter(best))
+    return best
+
+
+def loop_counts(sass: str) -> dict:
+    """Mnemonic counts of the main loop (``_main_loop``)."""
+    return dict(Counter(_mnemonic(text) for _, text, _ in _main_loop(sass)))
+
+
+def decode_control(high_word: int) -> dict:
+    """Note [SASS control bits]: the scheduling fields of one instruction from the high 64 bits of its encoding."""
+    control = high_word >> 41
+    return dict(
+        stall=control & 0xF,
+        yield_bit=(control >> 4) & 1,
+        write_barrier=(control >> 5) & 7,
+        read_barrier=(control >> 8) & 7,
+        wait_mask=(control >> 11) & 0x3F,
+        reuse=(control >> 17) & 0xF,
+    )
+
+
+# What set a barrier another instruction waits on, by the producer's mnemonic (Note [Latency rule], cost_model.py).
+_PRODUCERS = (
+    ("global or local memory", ("LDG", "LDGSTS", "LDGDEPBAR", "LDL", "STL", "STG", "LD", "ST")),
+    ("shared memory", ("LDS", "LDSM", "STS", "STSM", "ATOMS")),
+    ("MUFU", ("MUFU",)),
+    ("shuffle", ("SHFL",)),
+    ("warpgroup MMA", ("HGMMA", "QGMMA", "WARPGROUP")),
+    ("barrier", ("BAR", "SYNCS")),
+)
+
+
+# Instructions that wait by themselves, outside the scoreboards: a cp.async group, the warpgroup MMAs, the CTA barrier.
+_WAIT_INSTRUCTIONS = ("DEPBAR", "WARPGROUP.DEPBAR", "BAR.SYNC")
+
+
+def _producer_class(mnemonic: str) -> str:
+    base = mnemonic.split(".")[0]
+    for name, bases in _PRODUCERS:
+        if base in bases:
+            return name
+    return "other"
+
+
+def loop_schedule(sass: str) -> dict:
+    """ptxas's static schedule of the main loop (Note [SASS control bits]): the stall counts summed (cycles one warp
+    spends per pass on fixed-latency dependencies and issue, as scheduled), and the scoreboard waits counted by the
+    class of the instruction that set the barrier, found backwards through the loop (cyclically: a pass waits on
+    the previous pass's producers); a barrier last set before the loop counts as "before the loop"."""
+    loop = _main_loop(sass)
+    controls = [decode_control(high) for _, _, high in loop]
+    mnemonics = [_mnemonic(text) for _, text, _ in loop]
+    waits: Counter = Counter()
+    for index, control in enumerate(controls):
+        for barrier in range(6):
+            if not control["wait_mask"] >> barrier & 1:
+                continue
+            producer = "before the loop"
+            for back in range(1, len(loop) + 1):
+                earlier = controls[index - back]
+                if barrier in (earlier["write_barrier"], earlier["read_barrier"]):
+                    producer = _producer_class(mnemonics[index - back])
+                    break
+            waits[producer] += 1
+    return dict(
+        stall_cycles=sum(control["stall"] for control in controls),
+        waits=dict(sorted(waits.items())),
+        waiting_instructions=sum(control["wait_mask"] != 0 for control in controls),
+        wait_instructions=sum(m.startswith(_WAIT_INSTRUCTIONS) for m in mnemonics),
+    )
 
 
 def _resources(cubin: Path) -> dict:
@@ -177,6 +267,7 @@ def compile_one(config: Config, launch: Launch, shape: Optional[dict] = None) ->
         ).stdout
         record.update(_resources(cubin))
     loop = loop_counts(sass)
+    schedule = loop_schedule(sass)
     threads = 32 * launch.num_warps
     scores_per_thread = launch.block_m * config.tile_n // threads
     record.update(
@@ -187,6 +278,10 @@ def compile_one(config: Config, launch: Launch, shape: Optional[dict] = None) ->
         scores_per_thread=scores_per_thread,
         per_element=round(sum(loop.values()) / scores_per_thread, 2),
         loop=dict(sorted(loop.items(), key=lambda item: -item[1])),
+        loop_stall_cycles=schedule["stall_cycles"],
+        loop_waits=schedule["waits"],
+        loop_waiting_instructions=schedule["waiting_instructions"],
+        loop_wait_instructions=schedule["wait_instructions"],
     )
     return record
 

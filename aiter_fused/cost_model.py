@@ -29,6 +29,34 @@ kernel's time is (KV tiles of all programs) / (SMs) x cycles / clock: perfect ba
 quantization, no prologue or epilogue, and the causal diagonal's masked tiles cost an unmasked tile (the counts
 are the unmasked loop's). ``max`` (full overlap) is reported beside it as the model's lower bound.
 
+Note [Latency rule]
+~~~~~~~~~~~~~~~~~~~
+The second method (v2, ``rule="latency"``; ``--method latency``), written down before any of its validation
+numbers were computed, after v1 had failed because the issue rate was far below the peak and depended on the warps
+per scheduler. It adds the latency a warp waits out, statically, from ptxas's own schedule (Note [SASS control
+bits] in ``compile_sm90.py``): per KV tile one warp spends at least
+
+    L = S + sum over the loop's scoreboard waits of the producer's latency
+
+cycles, S = the loop's stall counts summed (``loop_stall_cycles``: fixed-latency dependencies and issue, as ptxas
+scheduled them; a warp issues its next instruction ``stall`` cycles after this one). The waits, counted by the
+instruction that set the barrier (``loop_waits``: MUFU, shuffles, global/local memory, ...), get **0 cycles each**
+(``WAIT_CYCLES``), decided before validating: the brief's suggested source, Luo et al. 2024, "Benchmarking and
+Dissecting the Nvidia Hopper GPU Architecture" (arXiv 2402.13499), is in the page index, but only its opening could
+be read there, not its latency tables, and no other published Hopper microbenchmark turned up; a latency not read
+from a source is not put in. L is therefore a lower bound on a warp's time per tile. The explicit waits
+(``DEPBAR``, ``WARPGROUP.DEPBAR``, ``BAR.SYNC``: ``loop_wait_instructions``) are in S only through their own stall
+counts; the GEMM they wait for is T.
+
+A scheduler holding W = num_warps / 4 warps of a program runs a tile in X = max(I, L) cycles: at least I = W N to
+issue (v1's issue term, 1 per clock), and at least L because each of its warps needs L. Composed as in v1 (Note
+[Per-tile cost rule]: serial within a program, p programs per SM overlapping up to the shared resources):
+
+    cycles = max(T, I, (T + X) / p)
+
+and ``rule="latency_overlap"``, max(T, X), is its lower bound. v1's constants (Note [Cost model constants]) and
+criterion (``CRITERION``) are unchanged; v2 is a method beside v1, whose output stays as it was.
+
 Note [Cost model constants]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 H200 (``H200``): 132 SMs, 4 SMSPs per SM, 1 warp instruction per clock per SMSP (the Hopper SM's one dispatch
@@ -57,6 +85,8 @@ from typing import Optional
 
 __all__ = [
     "CRITERION",
+    "RULES",
+    "WAIT_CYCLES",
     "H200",
     "H200_DATASHEET",
     "Machine",
@@ -86,6 +116,20 @@ class Machine:
 # Note [Cost model constants]
 H200 = Machine("H200, measured GEMM rates", 132, 1.98e9, {"BF16": 3023.0, "E4M3": 5571.0})
 H200_DATASHEET = Machine("H200, datasheet rates", 132, 1.98e9, {"BF16": 4096.0, "E4M3": 8192.0})
+
+# Note [Latency rule]: cycles a scoreboard wait adds to a warp's tile, by the class of the instruction that set the
+# barrier (compile_sm90._PRODUCERS). No published Hopper latency was read: 0 for each, so L is a lower bound.
+WAIT_CYCLES = {
+    "before the loop": 0,
+    "global or local memory": 0,
+    "shared memory": 0,
+    "MUFU": 0,
+    "shuffle": 0,
+    "warpgroup MMA": 0,
+    "barrier": 0,
+    "other": 0,
+}
+RULES = ("serial", "overlap", "latency", "latency_overlap")
 
 _MMA = re.compile(r"^[HQ]GMMA\.(\d+)x(\d+)x(\d+)\.F32\.([A-Z0-9]+)")
 
@@ -117,13 +161,20 @@ def tile_cycles(record: dict, machine: Machine = H200, rule: str = "serial") -> 
     tensor = sum(value / machine.tensor_flop_per_clock[kind] for kind, value in flops.items())
     issue = record["loop_instructions"] * (warps / machine.schedulers) / machine.issue_per_clock
     programs = programs_per_sm(record["registers"], warps, record["shared_bytes"], machine)
+    parts = dict(tensor=tensor, issue=issue, programs=programs, flops=sum(flops.values()))
     if rule == "serial":
-        cycles = max(tensor, issue, (tensor + issue) / programs)
-    elif rule == "overlap":
-        cycles = max(tensor, issue)
-    else:
-        raise ValueError(f"rule must be 'serial' or 'overlap'; got {rule!r}")
-    return dict(cycles=cycles, tensor=tensor, issue=issue, programs=programs, flops=sum(flops.values()))
+        return dict(parts, cycles=max(tensor, issue, (tensor + issue) / programs))
+    if rule == "overlap":
+        return dict(parts, cycles=max(tensor, issue))
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
+    # Note [Latency rule]
+    latency = record["loop_stall_cycles"] + sum(
+        count * WAIT_CYCLES[producer] for producer, count in record["loop_waits"].items()
+    )
+    scheduler = max(issue, latency)
+    cycles = max(tensor, issue, (tensor + scheduler) / programs) if rule == "latency" else max(tensor, scheduler)
+    return dict(parts, cycles=cycles, latency=latency)
 
 
 def kv_tiles(seqlen: int, causal: bool, block_m: int, block_n: int, batch: int, heads: int) -> int:
@@ -176,6 +227,9 @@ CRITERION = dict(
 )
 
 
+_LOWER_BOUND = dict(serial="overlap", overlap="overlap", latency="latency_overlap", latency_overlap="latency_overlap")
+
+
 def validate(
     counts: dict, measured: dict, machine: Machine = H200, rule: str = "serial", twin: str = "exact_m128_n128_w8_s3"
 ) -> dict:
@@ -201,7 +255,7 @@ def validate(
                 causal=point["causal"],
                 measured_ms=point["median_ms"],
                 predicted_ms=round(predicted, 4),
-                lower_bound_ms=round(predict(record, point, machine, "overlap"), 4),
+                lower_bound_ms=round(predict(record, point, machine, _LOWER_BOUND[rule]), 4),
                 error=round(predicted / point["median_ms"] - 1, 4),
                 tensor_cycles=round(parts["tensor"], 1),
                 issue_cycles=round(parts["issue"], 1),
@@ -210,6 +264,8 @@ def validate(
                 implied_issue_rate=None if implied is None else round(implied, 3),
             )
         )
+        if "latency" in parts:  # v2's rows also carry the latency term (v1's stay as they were)
+            rows[-1]["latency_cycles"] = round(parts["latency"], 1)
     tflops = statistics.median(_attention_flops(p) / p["median_ms"] for p in points)
     constant = [abs(_attention_flops(p) / tflops / p["median_ms"] - 1) for p in points]
     errors = [abs(row["error"]) for row in rows]
@@ -257,14 +313,17 @@ def _load(directory: Path) -> tuple[dict, dict]:
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--validate", required=True, help="directory with sm90_counts.json and measured_h200.json")
-    parser.add_argument("--json", help="where to write the validation (both machines, both rules)")
+    parser.add_argument(
+        "--method",
+        choices=("count", "latency"),
+        default="count",
+        help="count: v1 (Note [Per-tile cost rule]); latency: v2 (Note [Latency rule])",
+    )
+    parser.add_argument("--json", help="where to write the validation (both machines, both of the method's rules)")
     args = parser.parse_args(argv)
     counts, measured = _load(Path(args.validate))
-    results = [
-        validate(counts, measured, machine, rule)
-        for machine in (H200, H200_DATASHEET)
-        for rule in ("serial", "overlap")
-    ]
+    rules = ("serial", "overlap") if args.method == "count" else ("latency", "latency_overlap")
+    results = [validate(counts, measured, machine, rule) for machine in (H200, H200_DATASHEET) for rule in rules]
     for result in results:
         s = result["summary"]
         print(
@@ -280,7 +339,7 @@ def main(argv: Optional[list] = None) -> int:
             f"{row['measured_ms']:8.3f} ms  model {row['predicted_ms']:8.3f} ({row['error']:+.3f})  bound "
             f"{row['lower_bound_ms']:8.3f}  T {row['tensor_cycles']:7.0f} I {row['issue_cycles']:7.0f} "
             f"p {row['programs_per_sm']} measured {row['measured_cycles_per_tile']:7.0f} implied IPC "
-            f"{row['implied_issue_rate']}"
+            f"{row['implied_issue_rate']}" + (f" L {row['latency_cycles']:7.0f}" if "latency_cycles" in row else "")
         )
     if args.json:
         Path(args.json).write_text(json.dumps(dict(model="MODEL, not measured", results=results), indent=1) + "\n")

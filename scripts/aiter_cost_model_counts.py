@@ -5,7 +5,10 @@
 The inputs of ``aiter_fused.cost_model``'s H200 validation: the exact twin's candidates
 (``scripts/aiter_fused_h200_tune.py``'s ``CANDIDATES``) and its MX rows (``MX_ROWS``), both masks, head dim 128,
 compiled by ``aiter_fused.compile_sm90.compile_one`` with the benchmark's integer specialization (32K tokens, 16
-heads). The JSON is rewritten after every compile, so an interrupted run keeps what it has.
+heads). The JSON is rewritten after every compile, so an interrupted run keeps what it has. A record written before
+the schedule fields (``loop_stall_cycles``, ``loop_waits``, ...: Note [SASS control bits] in compile_sm90.py)
+existed is compiled again and gets them added, after a check that every field it had comes out the same (so the
+v1 validation reproduces bit-identically); its ``compile_seconds`` is kept.
 """
 
 import json
@@ -25,6 +28,7 @@ from aiter_fused.compile_sm90 import compile_one  # noqa: E402
 # The tune script's launch candidates and MX rows, read from the file (scripts never go on sys.path).
 _TUNE = runpy.run_path(str(Path(__file__).with_name("aiter_fused_h200_tune.py")))
 CANDIDATES, MX_ROWS, TABLE = _TUNE["CANDIDATES"], _TUNE["MX_ROWS"], _TUNE["TABLE"]
+SCHEDULE_FIELDS = {"loop_stall_cycles", "loop_waits", "loop_waiting_instructions", "loop_wait_instructions"}
 
 
 def jobs():
@@ -41,15 +45,26 @@ def main(out: str) -> int:
     for row, dot_mode, mx_format, launch in jobs():
         for causal in (True, False):
             key = f"{row}/{'causal' if causal else 'non-causal'}"
-            if key in records:
+            if key in records and SCHEDULE_FIELDS <= records[key].keys():
                 continue
             start = time.time()
             config = Config("attention", mx_format, 128, dot_mode, causal, launch.tile_n)
             record = compile_one(config, launch)
             record["compile_seconds"] = round(time.time() - start, 1)
+            if key in records:
+                old = records[key]
+                # The Launch dataclass has gained fields since (refusals): compare the ones the record has.
+                # JSON round trip: tuples come back as lists.
+                fresh = json.loads(json.dumps(record))
+                fresh["launch"] = {name: fresh["launch"][name] for name in old["launch"]}
+                changed = [f for f in old if f != "compile_seconds" and old[f] != fresh[f]]
+                if changed:
+                    raise SystemExit(f"{key}: the recompile changed {changed}; not updating")
+                record = {**old, **{field: record[field] for field in sorted(SCHEDULE_FIELDS)}}
             records[key] = record
             print(
-                f"{key}: {record['loop_instructions']} ({record['per_element']}/score), {record['compile_seconds']} s",
+                f"{key}: {record['loop_instructions']} ({record['per_element']}/score), "
+                f"stalls {record['loop_stall_cycles']}, waits {record['loop_waits']}, {record['compile_seconds']} s",
                 flush=True,
             )
             path.write_text(json.dumps({"triton": triton.__version__, "records": records}, indent=1))
