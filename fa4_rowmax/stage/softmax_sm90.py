@@ -58,6 +58,25 @@ def _fmax_nan(a: Float32, b: Float32) -> Float32:
     return cute.arch.fmax(a, b, nan=True)
 
 
+@cute.jit
+def quad_row_max(acc_S_row: cute.TensorSSA, init_val, nan_rows: cutlass.Constexpr[bool], arch) -> Float32:
+    """A row's max over the thread's elements and its quad (the 4 threads sharing the row), from `init_val`
+    (None: none). `nan_rows`: NaN-propagating (Note [NaN rows in the approximate modes]); both SM90 stages."""
+    if const_expr(nan_rows):
+        values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
+        values.store(acc_S_row)
+        partial = [values[0], values[1], values[2], values[3]]
+        for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
+            for j in cutlass.range_constexpr(4):
+                partial[j] = _fmax_nan(partial[j], values[i + j])
+        local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
+        if const_expr(init_val is not None):
+            local = _fmax_nan(local, init_val)
+        return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
+    local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=arch)
+    return cute.arch.warp_reduction_max(local, threads_in_group=4)
+
+
 @dataclass
 class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     rescale_threshold: cutlass.Constexpr[float] = 0.0
@@ -118,19 +137,7 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     @cute.jit
     def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
         """Quad-reduced row max; NaN-propagating in the approximate modes."""
-        if const_expr(self.nan_rows):
-            values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
-            values.store(acc_S_row)
-            partial = [values[0], values[1], values[2], values[3]]
-            for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
-                for j in cutlass.range_constexpr(4):
-                    partial[j] = _fmax_nan(partial[j], values[i + j])
-            local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
-            if const_expr(init_val is not None):
-                local = _fmax_nan(local, init_val)
-            return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
-        local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=self.arch)
-        return cute.arch.warp_reduction_max(local, threads_in_group=4)
+        return quad_row_max(acc_S_row, init_val, self.nan_rows, self.arch)
 
     @cute.jit
     def online_softmax(

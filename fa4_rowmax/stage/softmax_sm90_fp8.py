@@ -72,6 +72,7 @@ from fa4_rowmax.stage.softmax_base import (
     h15_anchor_addend,
     ptx_fragment,
 )
+from fa4_rowmax.stage.softmax_sm90 import quad_row_max
 
 E4M3_MAX = 448.0
 
@@ -248,10 +249,6 @@ def pack_h15_bytes(r0: Float32, r1: Float32, r2: Float32, r3: Float32, *, loc=No
     return Int32(_asm(pack_h15_bytes_asm(), T.i32(), *args, loc=loc, ip=ip))
 
 
-def _fmax_nan(a: Float32, b: Float32) -> Float32:
-    return cute.arch.fmax(a, b, nan=True)
-
-
 # Note [Row sum by the MMA]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
 # With row_sum="mma" the V^T pre-pass appends ROW_SUM_COLUMNS rows to V^T, the first all ones (e4m3 1.0) and
@@ -353,19 +350,7 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     @cute.jit
     def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
         """Quad-reduced row max; NaN-propagating in rowmax_h15 (its clamp would hide NaN scores)."""
-        if const_expr(self.nan_rows):
-            values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
-            values.store(acc_S_row)
-            partial = [values[0], values[1], values[2], values[3]]
-            for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
-                for j in cutlass.range_constexpr(4):
-                    partial[j] = _fmax_nan(partial[j], values[i + j])
-            local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
-            if const_expr(init_val is not None):
-                local = _fmax_nan(local, init_val)
-            return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
-        local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=self.arch)
-        return cute.arch.warp_reduction_max(local, threads_in_group=4)
+        return quad_row_max(acc_S_row, init_val, self.nan_rows, self.arch)
 
     @cute.jit
     def online_softmax(
