@@ -17,8 +17,9 @@
 #   bash scripts/h200_session.sh qwen05c OUT      # Qwen2.5-0.5B, every kernel mode and its simulator twin
 #   bash scripts/h200_session.sh qwen05s OUT      # Qwen2.5-0.5B, the simulator-only modes
 # Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
-# quality steps read the bundle's data at /tmp/devdata (python-doc/, austen/, qwen2.5-0.5b/model.gguf; the
-# qwen15* steps qwen2.5-1.5b/model.gguf: `prepare.sh --data .cache/quality_device/qwen2.5-1.5b gguf==0.19.0`).
+# quality steps read the bundle's data at /tmp/devdata (austen/, qwen2.5-0.5b/model.gguf, qwen2.5-1.5b/model.gguf:
+# `prepare.sh --data .cache/quality_device/both gguf==0.19.0`, docs/measurements.md). A device call returns a
+# limited number of files: write the steps under one folder and tar it (`cd $OUT && tar czf results.tgz r`).
 # Each quality step's --time-budget-s counts scoring only: its timeout leaves ~90 s for the 1.5B's load and
 # the kernel compiles; a cut run continues with the same command plus --resume (docs/measurements.md).
 set -uo pipefail
@@ -97,8 +98,8 @@ case "$STEP" in
       --tag qwen25-15b_austen_baps_restarts_16k --out "$OUT" > "$OUT/qwen15_baps.log" 2>&1
     tail -16 "$OUT/qwen15_baps.log" ;;
   qwen15xl)
-    timeout 200 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --kernels-only --time-budget-s 90 \
-      --tag qwen25-15b_austen_16k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
+    timeout 560 python3 -m bench.quality $Q15 --block-size 16384 --blocks 12 --kernels-only --time-budget-s ${BUDGET:-90} \
+      $RESUME --tag qwen25-15b_austen_16k_kernels_only --modes exact_bf16p rowmax_h15_t0 rowmax_h15_t8 \
       --pairs rowmax_h15_t8:rowmax_h15_t0 --out "$OUT" > "$OUT/qwen15_16k.log" 2>&1
     tail -8 "$OUT/qwen15_16k.log" ;;
   qwen15ks)
