@@ -25,6 +25,10 @@ ANCHORS = ("tile", "row")
 # How the H15 lattice's anchor is placed: on the running max itself, or rounded to a half octave as the
 # SM90 folded FFMA does (fa4_rowmax/stage/softmax_base.py, Note [Folded H15 with a half-octave anchor]).
 ANCHOR_ROUNDINGS = ("exact", "half_octave")
+# The reference's emulated FP8 MMA accumulator (reference/mma_accumulator.py, Note [Emulated FP8 MMA accumulator]):
+# which GEMMs it applies to, and the largest number of fraction bits it keeps (fp32's).
+ACCUMULATOR_GEMMS = ("qk_pv", "qk", "pv")
+ACCUMULATOR_MAX_BITS = 23
 # Modes whose max is FA4's running max, so that a whole-row anchor is a meaningful control.
 ANCHORED_MODES = ("exact", "rowmax_pot", "rowmax_h15")
 P_DTYPES = (
@@ -97,6 +101,8 @@ class SoftmaxConfig:
     mx_format: str = "mxfp8"
     recovery_threshold: float = 8.0
     anchor_rounding: str = "exact"
+    accumulator_mantissa_bits: Optional[int] = None
+    accumulator_gemms: str = "qk_pv"
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, SOFTMAX_MODES)
@@ -125,6 +131,14 @@ class SoftmaxConfig:
                 f"SoftmaxConfig.anchor_rounding={self.anchor_rounding!r} applies to mode 'rowmax_h15' only, "
                 f"not mode={self.mode!r} (accepted there: 'exact')"
             )
+        if self.accumulator_mantissa_bits is not None:
+            _check_int("accumulator_mantissa_bits", self.accumulator_mantissa_bits, 1, ACCUMULATOR_MAX_BITS)
+            if self.mode not in KERNEL_MODES:
+                raise ValueError(
+                    f"SoftmaxConfig.accumulator_mantissa_bits applies to modes {KERNEL_MODES} (FP8 inputs), "
+                    f"not mode={self.mode!r} (accepted there: None)"
+                )
+        _check_choice("accumulator_gemms", self.accumulator_gemms, ACCUMULATOR_GEMMS)
         if self.mode == "rowmax_h15" and self.p_dtype in _FP8_P_DTYPES:
             bound = math.log2(torch.finfo(self.p_dtype).max)
             if self.max_offset + self.rescale_threshold + H15_LOG2_ROUND_UP >= bound:

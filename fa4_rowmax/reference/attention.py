@@ -101,7 +101,7 @@ from typing import Optional
 import torch
 
 from fa4_rowmax.config import SoftmaxConfig
-from fa4_rowmax.reference import fused_softmax
+from fa4_rowmax.reference import fused_softmax, mma_accumulator
 from fa4_rowmax.reference.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
 from fa4_rowmax.reference.hif8 import round_to_hif8
 
@@ -131,6 +131,12 @@ class _Problem:
     causal: bool
     # A float, or (batch, heads_k, 1, 1) in the compute dtype when descales fold in (Note [FP8 inputs and descales]).
     scale_log2: "float | torch.Tensor"
+    # Note [Emulated FP8 MMA accumulator]: fraction bits of Q K^T's and P V's accumulators (None: fp32 GEMMs),
+    # and the smallest normal exponents of the FP8 operands (q/k/v's dtype, P's dtype).
+    qk_bits: Optional[int] = None
+    pv_bits: Optional[int] = None
+    input_min_exponent: int = 0
+    p_min_exponent: int = 0
 
     @property
     def shape(self):
@@ -375,7 +381,12 @@ def _scores(problem: _Problem, tile: _Tile) -> torch.Tensor:
     q = problem.q[:, :, :, tile.row_start :]
     q = q.reshape(batch, heads_k, group * (rows - tile.row_start), q.shape[-1])
     k = problem.k[:, :, tile.key_start : tile.key_end]
-    s = torch.matmul(q, k.transpose(-1, -2)).view(batch, heads_k, group, rows - tile.row_start, -1)
+    if problem.qk_bits is None:
+        s = torch.matmul(q, k.transpose(-1, -2))
+    else:
+        e = problem.input_min_exponent
+        s = mma_accumulator.emulated_matmul(q, k, problem.qk_bits, e, e).to(q.dtype)
+    s = s.view(batch, heads_k, group, rows - tile.row_start, -1)
     if tile.valid is not None:
         s.masked_fill_(~tile.valid, -math.inf)
     return s
@@ -385,8 +396,22 @@ def _accumulate_pv(problem: _Problem, tile: _Tile, p: torch.Tensor, acc: torch.T
     """acc[rows] = acc[rows] * acc_scale + p @ v_tile, in place."""
     batch, heads_k, group, rows_in_tile, keys = p.shape
     v = problem.v[:, :, tile.key_start : tile.key_end]
-    pv = torch.matmul(p.reshape(batch, heads_k, group * rows_in_tile, keys), v)
     target = acc[:, :, :, tile.row_start :]
+    if problem.pv_bits is not None:
+        # O is the wgmma's accumulator input, scaled first (Note [Emulated FP8 MMA accumulator]).
+        shape = (batch, heads_k, group * rows_in_tile)
+        c = target.mul_(acc_scale[..., None]).reshape(*shape, -1)
+        out = mma_accumulator.emulated_matmul(
+            p.reshape(*shape, keys),
+            v.transpose(-1, -2),
+            problem.pv_bits,
+            problem.p_min_exponent,
+            problem.input_min_exponent,
+            c=c,
+        )
+        target.copy_(out.view(target.shape))
+        return
+    pv = torch.matmul(p.reshape(batch, heads_k, group * rows_in_tile, keys), v)
     target.mul_(acc_scale[..., None]).add_(pv.view(batch, heads_k, group, rows_in_tile, -1))
 
 
@@ -624,6 +649,29 @@ _RUNNERS = {
 }
 
 
+def _set_accumulator(problem: _Problem, config: SoftmaxConfig, input_dtype: torch.dtype, p_dtype: torch.dtype):
+    """The emulated FP8 accumulator's settings (Note [Emulated FP8 MMA accumulator]); None leaves fp32 GEMMs."""
+    bits = config.accumulator_mantissa_bits
+    if bits is None:
+        return
+    if input_dtype not in _FP8_DTYPES:
+        raise ValueError(
+            f"SoftmaxConfig.accumulator_mantissa_bits={bits} applies to FP8 inputs only (q/k/v dtype one of "
+            f"{_FP8_DTYPES}), got {input_dtype}; accepted for other inputs: None"
+        )
+    pv = config.accumulator_gemms in ("qk_pv", "pv")
+    if pv and p_dtype not in _FP8_DTYPES:
+        raise ValueError(
+            f"SoftmaxConfig.accumulator_gemms={config.accumulator_gemms!r} emulates an FP8 P V GEMM, which needs an "
+            f"FP8 p_dtype, got {p_dtype}; accepted with this P: accumulator_gemms='qk'"
+        )
+    problem.qk_bits = bits if config.accumulator_gemms in ("qk_pv", "qk") else None
+    problem.pv_bits = bits if pv else None
+    problem.input_min_exponent = mma_accumulator.min_normal_exponent(input_dtype)
+    if pv:
+        problem.p_min_exponent = mma_accumulator.min_normal_exponent(p_dtype)
+
+
 # ---------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------
@@ -704,6 +752,7 @@ def attention_reference(
         q_descale,
         k_descale,
     )
+    _set_accumulator(problem, config, q.dtype, p_dtype)
     acc, row_sum, lse_base_log2, counters = _RUNNERS[config.mode](problem, config, p_dtype, return_counters)
 
     # A row with no key (or, defensively, a zero or NaN sum) gives out 0 and lse -inf, as FA4 does.
