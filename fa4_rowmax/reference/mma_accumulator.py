@@ -26,8 +26,8 @@ Note [FP8 A operand from the S accumulator], so each block of 32 holds the same 
 terms does not depend on their order). The row sum is untouched: the study's kernels add it in fp32 FADDs
 (`row_sum="fadd"`; `row_sum="mma"`, the sum by the PV GEMM, is not modelled here).
 What this is not: a bit-exact replica of the kernel. The kernel's scores then go through an FFMA where the
-reference multiplies and adds, and the model's own fidelity is MMA-Sim's (validated by its authors on H100 /
-H800 class parts, not here on the H200). Values below 2^-100 (a product or c) are outside the emulation: the
+reference multiplies and adds, and the model's own fidelity is MMA-Sim's (its authors' validation against
+hardware; not checked here on the H200). Values below 2^-100 (a product or c) are outside the emulation: the
 scale factors are built as fp32 powers of two.
 """
 
