@@ -39,7 +39,7 @@ TILE_NS = (128, 160, 192, 224)
 # Note [MMA row sum at long rows]
 # With row_sum="mma" the row sum is a column of the PV GEMM, summed in Hopper's FP8 accumulator, which keeps
 # about 14 bits and truncates (Note [Row sum by the MMA]): over L keys the sum of positive weights loses up to
-# ceil(L / 32) * 33 * 2^-13 of itself (a worst case that grows with L). On the H200 the shared benchmark's gate
+# ceil(L / 32) * 34 * 2^-13 of itself (a worst case that grows with L). On the H200 the shared benchmark's gate
 # failed it at 8K keys non-causal (output error 0.15 exact / 0.25 H15 against fp32 attention, 0.32 at 16K;
 # bench/results/h200_2026-12-01/bench_fp8/), while the GPU tests, whose bounds carry that accumulation term,
 # pass it up to 2,048 keys. So it is refused beyond the tested length, not passed through.

@@ -194,3 +194,98 @@ def test_fp8_bounds_cover_the_h15_byte4_rule(monkeypatch):
     pi = torch.softmax(x * math.log(2.0), -1)
     band_mass = float(pi[1:].sum())
     assert lse_err > float(lse_bound.min()) - band_mass  # without the band term the bound is too small
+
+
+def _fp8_rule_inputs(seed):
+    """e4m3 q, k (head dim 128) over several scales, with zeros and subnormals, and rows whose top score is
+    made of same-sign products (k row i = q row i: the case that loses most to the truncation)."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([0.01, 0.3, 1.0, 1.5, 4.0])[torch.arange(40) % 5][:, None]
+    q = (torch.randn(40, 128, generator=gen) * scale).to(torch.float8_e4m3fn).double()
+    k = (torch.randn(48, 128, generator=gen) * 1.5).to(torch.float8_e4m3fn).double()
+    k[:40] = torch.where(torch.arange(40)[:, None] % 2 == 0, q, k[:40])
+    q[3, ::3] = 0.0
+    k[5, 1::4] = 2.0**-9  # e4m3's smallest subnormal
+    return q, k
+
+
+def test_fp8_score_error_bound_holds_for_the_rule_and_is_not_vacuous():
+    """Note [Hopper FP8 accumulation]: the rule's scores stay within eps of the exact ones; on the same-sign rows
+    the error uses a good part of eps, and it exceeds the 2^-13 sum |q k| of a 14-bit rounding (the model before
+    2026-12-01) by far, twice that included (the older delta's factor 2)."""
+    from fa4_rowmax.gates.tolerances import fp8_score_error_bound
+
+    q, k = _fp8_rule_inputs(8)
+    err = (_hopper_scores(q, k) - q @ k.T).abs()
+    eps = fp8_score_error_bound(q, k)
+    assert (err <= eps).all()
+    assert float((err / eps).max()) > 0.3
+    older = 2 * 2.0**-13 * (q.abs() @ k.abs().T)
+    assert float((err / older).max()) > 3
+
+
+def _hopper_scores(q64, k64):
+    """q k^T by Hopper's e4m3 wgmma rule: the reference's emulated accumulator (Note [Emulated FP8 MMA accumulator])
+    with MMA-Sim's 13 fraction bits."""
+    from fa4_rowmax.reference.mma_accumulator import emulated_matmul
+
+    return emulated_matmul(q64.float(), k64.float(), 13, -6, -6).double()
+
+
+def _hopper_config(config):
+    """`config` with the reference's Q K^T through the emulated accumulator (a model of the kernel's score GEMM)."""
+    return dataclasses.replace(config, accumulator_mantissa_bits=13, accumulator_gemms="qk")
+
+
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_fp8_bounds_cover_the_qk_truncation(mode):
+    """Note [Hopper FP8 accumulation], the H200 failure of 2026-12-01 in small: the FP8 reference with its scores
+    by Hopper's rule (its emulated accumulator, 13 bits, Q K^T only) stays within `fp8_kernel_bounds` of the
+    stock one, on rows whose top score is a sum of same-sign products (each query's own key, the other keys > 20
+    octaves below: the LSE is that score's), and leaves the bound before the fix on every row (its LSE term:
+    ln2 (2 scale_log2 2^-13 max sum |q k| + 8 ulp) + 2^-20 + 4 ulp(LSE), no fragile element here), by up to 4.8
+    times."""
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+
+    gen = torch.Generator().manual_seed(11)
+    q = (torch.randn(1, 16, 1, 128, generator=gen) * 1.5).to(torch.float8_e4m3fn)
+    k, v = q.clone(), torch.randn(1, 16, 1, 128, generator=gen).to(torch.float8_e4m3fn)
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    ref_out, ref_lse = attention_reference(q, k, v, config)
+    out, lse = attention_reference(q, k, v, _hopper_config(config))
+    out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, False)
+    lse_err = (lse - ref_lse).abs()
+    assert (lse_err <= lse_bound).all()
+    assert ((out.float() - ref_out.float()).abs().amax(-1, keepdim=True) <= out_bound).all()
+    scale_log2 = 128**-0.5 * math.log2(math.e)
+    qf, kf = q[0, :, 0].double(), k[0, :, 0].double()
+    x = qf @ kf.T * scale_log2
+    assert bool((x.diagonal()[:, None] - x >= 20).fill_diagonal_(True).all())  # one key per row
+    older_delta = 2 * scale_log2 * 2.0**-13 * (qf.abs() @ kf.abs().T).amax(-1) + 8 * 2.0**-24 * 2 * x.abs().amax(-1)
+    older = math.log(2.0) * older_delta + 2.0**-20 + 4 * 2.0**-24 * ref_lse[0, 0].abs()
+    assert (lse_err[0, 0] > older).all() and bool((lse_err[0, 0] > 3 * older).any())
+
+
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_fp8_bounds_cover_hopper_scores_with_gqa_and_descales(mode):
+    """The failing GPU test's kind in small (GQA 7, causal, descales, N(0, 1) e4m3): the reference with Hopper's
+    scores (as above) stays within the bounds of the stock one, and the truncation is felt (LSE errors far above
+    fp32's)."""
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (
+        torch.randn(1, n, h, 128, generator=gen).to(torch.float8_e4m3fn) for n, h in ((300, 14), (300, 2), (300, 2))
+    )
+    dq, dk, dv = (torch.rand(1, 2, generator=gen) + 0.5 for _ in range(3))
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    kw = dict(causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    ref_out, ref_lse = attention_reference(q, k, v, config, **kw)
+    out, lse = attention_reference(q, k, v, _hopper_config(config), **kw)
+    out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, True, [dq, dk, dv])
+    lse_err = (lse - ref_lse).abs()
+    assert (lse_err <= lse_bound).all()
+    assert ((out.float() - ref_out.float()).abs().amax(-1, keepdim=True) <= out_bound).all()
+    assert float(lse_err.max()) > 1e-4

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+from fa4_rowmax.reference.mma_accumulator import FP8_MMA_K, exponent_fields, min_normal_exponent
 
 UNIT_ROUNDOFF_FP32 = 2.0**-24
 # (step ratio r, log2 up, log2 down) of each lattice mode: Note [Kernel vs reference: lattice flips].
@@ -199,39 +200,77 @@ def assert_within_bounds(
 # Note [FP8 kernel vs reference bounds]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # As Note [Kernel vs reference: lattice flips] above, with FP8's own roundings:
-# - The score GEMM runs on e4m3 products (exact) summed in Hopper's FP8 accumulator, which keeps about 14
-#   significant bits (DeepSeek-V3 report, section 3.3.2; FA3's two-level accumulation exists for it). So y's
-#   error per row is delta = 2 scale_log2 2^-13 max_j sum_i |q_i k_ij| + 8 ulp32(|y|).
+# - The score GEMM: Hopper's FP8 accumulation (Note [Hopper FP8 accumulation] below) leaves score s_j off by at
+#   most eps_j (`fp8_score_error_bound`, score units; err_j = scale_log2 eps_j + 8 ulp32(|y|), the FFMA against
+#   mul + add, in log2 units). The reference's scores are the exact sums (Note [FP8 inputs and descales],
+#   reference/attention.py). The kernel's running max at a tile is the score of some key seen so far that can
+#   reach the exact max m minus the error of the key holding it (s_i + eps_i >= m - eps_top): it is off by at
+#   most the largest err among those keys, a_j for the keys of that tile (`anchor_err`). y_j = (s_j - m)
+#   scale_log2 + max_offset is off by at most delta_j = err_j + a_j.
 # - A weight is a step function of y: rowmax_h15 steps at y = 0.25 mod 0.5 (ratio 1.5), and the e4m3 rounding
 #   of exact's exp2(y) steps at the midpoints between e4m3 values (ratio 1 + 2^-3 for normals). An element
 #   within delta of a step (`fragile`) may round the other way: out moves by at most (r - 1) 2^env pi_j 2 max|v|,
 #   the LSE by (r - 1) 2^env pi_j (pi the exact fp64 softmax, env = log2 of the weight's envelope: H15
-#   log2(1.5), exact 2^-4 for the e4m3 rounding). Between steps exact's out moves smoothly: ln2 delta (2 max|v|);
-#   the LSE holds the anchor m * scale_log2 itself, so it moves by ln2 delta in both modes.
-# - Hopper's FP8 wgmma adds the 32 products of a k-block and the accumulator input aligned to the largest of
-#   them, keeping about 14 bits, truncated: each of the 33 terms loses up to 2^-13 of the running magnitude,
-#   at most the row's final sum. So a sum over L_k keys (P V, and with row_sum="mma" the row sum itself) is off
-#   by at most A = ceil(L_k / 32) 33 2^-13 of the row sum (a worst case; measured errors are far smaller): out
-#   moves by A max|v|, and with the MMA row sum also the normaliser, by A (out: A max|v|, LSE: A). The MMA row
-#   sum adds the e4m3 P where the reference adds the fp32 weights (exact mode): up to 2^-4 more, relative.
-#   Both sides round out to BF16.
+#   log2(1.5), exact 2^-4 for the e4m3 rounding).
+# - Between steps: exact's row sum adds 2^(scores) (its anchors cancel), so L'/L and L/L' are at most
+#   S = sum_j pi_j 2^err_j, while P V's e4m3 weights (at most (1 + 2^-4) pi_j L + 2^-10, against L >= 2^8) move
+#   with their tile's anchor, 2^(+-a_j): out moves by at most sum_j ((1 + 2^-4) pi_j + 2^-18) (2^a_j S - 1) max|v|.
+#   H15's row sum adds the very P of P V, both moving with the tile's anchor: sum |pi' - pi| <= 2 (2^a - 1) 2^a,
+#   a = max_j a_j, times max|v|.
+# - The LSE: exact's is log sum_j 2^(scores), off by at most log S. H15's weights are constant between steps, so
+#   its LSE carries its anchors whole: ln2 (a + 8 ulp32(|y|)), besides the flips. H15's FADD row sum carries
+#   2^-120 (Note [H15 e4m3 bytes by integer ops]), so its finalize adds log2(sum) ~ -112 to the anchor in fp32: one
+#   more rounding, 2^-24 (|anchor| + 112).
+# - Hopper's FP8 wgmma sums P V (and with row_sum="mma" the row sum itself) by the same rule: per k-block each
+#   of the 33 terms loses less than 2^-13 of the largest magnitude among them and the result less than 2^-13 of
+#   itself, all at most the row's final sum. So a sum over L_k keys is off by at most A = ceil(L_k / 32) 34 2^-13
+#   of the row sum (a worst case; measured errors are far smaller): out moves by A max|v|, and with the MMA row
+#   sum also the normaliser, by A (out: A max|v|, LSE: A). The MMA row sum adds the e4m3 P where the reference
+#   adds the fp32 weights (exact mode): up to 2^-4 more, relative. Both sides round out to BF16.
 # - beta (exact): the emulated exponentials (Note [exp2 emulation error] below) are off by up to
 #   EX2_EMULATION_REL_ERROR relative, as if y moved by EX2_EMULATION_LOG2_ERROR = -log2(1 - 8.8e-5) = 1.27e-4
-#   octaves. delta gains that term, for every element of the row (which elements the emulation takes depends on
+#   octaves. err_j gains that term, for every element of the row (which elements the emulation takes depends on
 #   the thread's column layout; not modelled), and with it the fragile set (e4m3 roundings that may flip), exact's
 #   smooth drift of out and the LSE (the FADD row sum adds the emulated fp32 weights). It is added rather than
-#   charged to the accumulator term of delta (~3e-3 at the GPU tests' N(0, 1) shapes, 25 times larger): that term
-#   bounds another rounding (the score GEMM's) and shrinks with the scores (tests/test_kernel_bounds.py's case
-#   that needs the emulation term). Below 2^-126 the emulation is off by 2^-126 absolute per weight, against a
-#   row sum >= 2^8 (the running max's element carries 2^max_offset): under 2^-134 L_k relative, not added.
+#   charged to the score GEMM's term of delta (far larger at the GPU tests' N(0, 1) shapes): that term bounds
+#   another rounding and shrinks with the scores (tests/test_kernel_bounds.py's case that needs the emulation
+#   term). Below 2^-126 the emulation is off by 2^-126 absolute per weight, against a row sum >= 2^8 (the running
+#   max's element carries 2^max_offset): under 2^-134 L_k relative, not added.
 # - rowmax_h15's byte-4 rule (Note [H15 e4m3 bytes by integer ops], stage/softmax_sm90_fp8.py): for y in
 #   [-6.75, -6.25) the H15 weight is 1.5 * 2^-7, below e4m3's normals; the kernel writes byte 4 (2^-7) and adds
 #   it to the row sum, where the reference flushes it to 0. Per element that is 2^-7 <= 2^-0.25 2^y of extra
 #   weight, against an H15 row sum >= 2^-0.25 of the exact one, so the row sum moves by at most the exact
-#   softmax mass `band` of those elements (LSE: band; out: band 2 max|v|). The H200 run of 2026-12-01 (second
-#   session) found it: GQA 7 with descales, 28K rows, one row 9.3e-5 (about three elements at 2^-15) past a
-#   bound that lacked the term.
-FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma accumulator keeps about 14 significant bits, truncated
+#   softmax mass `band` of those elements (LSE: band; out: band 2 max|v|). (Added on 2026-12-01 for the H200
+#   failure below, which it did not explain: the term is real, but 0 on that row.)
+#
+# Note [Hopper FP8 accumulation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The rule (MMA-Sim's bit-accurate Hopper model, github.com/microsoft/MMA-Sim, `nv_fused_dot_add` with 13
+# fraction bits and an e8m13 output; DeepSeek-V3 report 3.3.2: "about 14 bits"): one e4m3 wgmma (k = 32, so
+# head_dim / 32 of them per score) writes each product a_i b_i = s_a s_b 2^(e_a + e_b) (the inputs' exponent
+# fields, subnormals at -6) and the accumulator c = s_c 2^e_c, aligns all 33 to the largest exponent E among them
+# and truncates each to 13 fraction bits there (units g = 2^(E - 13)), adds them exactly, and truncates the sum
+# to 13 fraction bits of its own leading bit. Hence, with P_b the exact partial sum after k-block b:
+# - s_a s_b has 6 fraction bits, so a product with e_a + e_b >= E - 7 is exact; a smaller one loses less than
+#   min(|a_i b_i|, g). c (13 fraction bits at e_c) loses less than min(|c|, g) (nothing when e_c = E); the block's
+#   result less than 2^-13 of itself. 2^E <= max(|c|, max_i 2^(e_a + e_b)) and |c| <= |P_{b-1}| + eps_{b-1}.
+# - eps_j = sum over blocks of [sum of min(|p|, g) over the products that can be cut + min(|c|, g) + 2^-13
+#   (|P_b| + eps_b)], with g and the cut from the upper bound of E (`fp8_score_error_bound`; each loss capped at
+#   the magnitude of its term). Truncation is toward zero, every loss against its term's sign: a large score
+#   (mostly same-sign products, the accumulator near the score itself, so a coarse g) loses many units of g
+#   in one direction, far more than the 2^-13 sum_i |q_i k_ij| of a 14-bit rounding this Note assumed until
+#   2026-12-01 (2.6 times that on some elements of the case below, whose largest errors use about half eps_j).
+#   The rule runs as the reference's emulated accumulator (SoftmaxConfig.accumulator_mantissa_bits = 13, Note
+#   [Emulated FP8 MMA accumulator], reference/mma_accumulator.py): tests/test_kernel_bounds.py checks eps and
+#   these bounds against it.
+# - The H200 runs of 2026-12-01 (sessions 2 and 4): test_descales_match_reference[14-rowmax_h15] (GQA 7 with
+#   descales) failed on one row by 9.26e-5 both times, under the older delta. The CPU replay
+#   (scripts/fp8_qk_truncation_replay.py: the test's inputs from torch's CUDA Philox stream, the scores by this
+#   rule, a model of the H15 kernel's softmax and finalize) finds exactly that: one row past the older bound
+#   (batch 1, q head 11, row 34: 35 keys, max score 30.51, scale_log2 x descales 0.0637) by 9.26e-5, and no
+#   exact-mode row (the H200 passed exact). The row max's score lost 0.0263 (1.09 times the older delta), which
+#   H15's LSE carries whole; exact's LSE averages the errors over the row's softmax.
+FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma keeps 14 significant bits (13 fraction bits), truncated
 
 # Note [exp2 emulation error]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -245,6 +284,49 @@ FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma accumulator keeps about 14 signi
 # tests/test_kernel_bounds.py recomputes it from FA4's coefficients and checks an fp32 model of the emulation.
 EX2_EMULATION_REL_ERROR = 8.8e-5
 EX2_EMULATION_LOG2_ERROR = -math.log2(1.0 - EX2_EMULATION_REL_ERROR)
+
+
+_NO_EXPONENT = -(2**20)  # the exponent of 0: below every other, 2^it is 0
+
+
+def _exponent(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2 x) for x > 0, _NO_EXPONENT for 0 (int64)."""
+    _, e = torch.frexp(x)
+    return torch.where(x > 0, e.long() - 1, _NO_EXPONENT)
+
+
+def _score_blocks(q64: torch.Tensor, k64: torch.Tensor):
+    """(k-block slice, row slices) for the per-product work of the bound: rows chunked to ~2^24 products."""
+    rows = max(1, 2**24 // max(1, k64.shape[-2] * FP8_MMA_K * math.prod(q64.shape[:-2])))
+    blocks = [slice(k0, k0 + FP8_MMA_K) for k0 in range(0, q64.shape[-1], FP8_MMA_K)]
+    return blocks, [slice(r, r + rows) for r in range(0, q64.shape[-2], rows)]
+
+
+def fp8_score_error_bound(q64: torch.Tensor, k64: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn):
+    """eps (..., Lq, Lk): a bound on |Hopper's FP8 q k^T - the exact one| per score (Note [Hopper FP8 accumulation]).
+
+    q64 (..., Lq, D), k64 (..., Lk, D): fp64 holding `dtype` values."""
+    bits = FP8_ACCUMULATOR_BITS - 1
+    exact_span = bits - 2 * round(-math.log2(torch.finfo(dtype).eps))  # products within it of E are exact
+    eq, ek = (exponent_fields(t, min_normal_exponent(dtype)).long() for t in (q64, k64))
+    eps = q64.new_zeros(q64.shape[:-1] + (k64.shape[-2],))
+    partial = torch.zeros_like(eps)
+    blocks, row_chunks = _score_blocks(q64, k64)
+    for b, cols in enumerate(blocks):
+        carry = partial.abs() + eps  # |c| of this block's accumulator input
+        loss = torch.empty_like(eps)
+        for rows in row_chunks:
+            p = (q64[..., rows, None, cols] * k64[..., None, :, cols]).abs()
+            e_p = torch.where(p > 0, eq[..., rows, None, cols] + ek[..., None, :, cols], _NO_EXPONENT)
+            e_top = torch.maximum(e_p.amax(-1), _exponent(carry[..., rows, :]))  # >= E
+            grid = torch.exp2((e_top - bits).double())
+            cut = e_p < (e_top - exact_span)[..., None]
+            loss[..., rows, :] = torch.minimum(p, grid[..., None]).where(cut, 0.0).sum(-1)
+            loss[..., rows, :] += torch.minimum(carry[..., rows, :], grid) if b else 0.0
+        partial = partial + q64[..., cols] @ k64[..., cols].transpose(-1, -2)
+        eps = eps + loss
+        eps = eps + 2.0**-bits * (partial.abs() + eps)  # the block's result, to 13 fraction bits
+    return eps
 
 
 def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=None, row_sum_by_mma=False):
@@ -263,26 +345,36 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
         dq, dk, dv = (d.double().repeat_interleave(group, dim=1)[..., None, None] for d in descales)
         qk_scale, v_scale = dq * dk, dv
     x = (qf @ kf.transpose(-1, -2)) * scale_log2 * qk_scale
-    abs_dot = (qf.abs() @ kf.abs().transpose(-1, -2)) * scale_log2 * qk_scale
     visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
     if causal:
         visible = torch.tril(visible, diagonal=seqlen_k - seqlen_q)
     x = x.masked_fill(~visible, -math.inf)
+    # Note [Hopper FP8 accumulation]: each score's error, in log2 units
+    err = (fp8_score_error_bound(qf, kf, q.dtype) * scale_log2 * qk_scale).where(visible, 0.0)
     has_key = visible.any(-1)
     tile_n = config.tile_n
     anchor = torch.full_like(x, -math.inf)
+    anchor_err = torch.zeros_like(x)  # per key: how far the kernel's running max of its tile may be off (log2)
     running = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
     for t in range(-(-seqlen_k // tile_n) - 1, -1, -1):
         cols = slice(t * tile_n, min((t + 1) * tile_n, seqlen_k))
         running = torch.maximum(running, x[..., cols].amax(-1))
         rounded = torch.round(running * 2) / 2 if config.anchor_rounding == "half_octave" else running
         anchor[..., cols] = rounded[..., None]
+        # The kernel's running max is the score of a key seen so far that may reach the exact max minus the error
+        # of the key holding it: off by at most the largest error among those keys.
+        seen, seen_err = x[..., t * tile_n :], err[..., t * tile_n :]
+        top_err = seen_err.gather(-1, seen.argmax(-1, keepdim=True))
+        candidate = seen + seen_err >= running[..., None] - top_err
+        anchor_err[..., cols] = seen_err.where(candidate, 0.0).amax(-1)[..., None]
     y = x - anchor + FP8_MAX_OFFSET
     finite = torch.isfinite(y)
     magnitude = (x.abs() + anchor.abs()).where(finite, 0.0).amax(-1)
-    delta = 2 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS) * abs_dot.where(visible, 0.0).amax(-1) + 8 * 2.0**-24 * magnitude
+    rounding = 8 * 2.0**-24 * magnitude
     if config.mode == "exact" and config.beta:
-        delta = delta + EX2_EMULATION_LOG2_ERROR  # the emulated share (beta)
+        rounding = rounding + EX2_EMULATION_LOG2_ERROR  # the emulated share (beta)
+    err = err + rounding[..., None]
+    delta = (err + anchor_err).where(finite, 0.0)  # y = (s - m) scale_log2: the errors of s and of the running max
     if config.mode == "rowmax_h15":
         ratio, envelope = 1.5, math.log2(1.5)
         distance = ((y - 0.25) / 0.5 - torch.round((y - 0.25) / 0.5)).abs() * 0.5
@@ -295,23 +387,42 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
         ulp = torch.exp2(exponent - 3)
         midpoint_gap = ((p / ulp - 0.5) - torch.round(p / ulp - 0.5)).abs() * ulp
         distance = midpoint_gap / p.clamp(min=2.0**-60) / math.log(2.0)  # in log2 units of y
-    fragile = (distance <= delta[..., None]) & finite
+    fragile = (distance <= delta) & finite
     pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)
     fragile_mass = (pi * fragile).sum(-1)
     v_max = (vf.abs() * v_scale).amax(dim=(-1, -2))[..., None]
     o_ref = pi @ (vf * v_scale)
     k_blocks = -(-seqlen_k // 32)
-    accumulation = min(1.0, k_blocks * 33 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS))
+    accumulation = min(1.0, k_blocks * 34 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS))
     mma_sum = accumulation + (2.0**-4 if config.mode == "exact" else 0.0) if row_sum_by_mma else 0.0
     flips = (ratio - 1) * 2**envelope * fragile_mass
     if config.mode == "rowmax_h15":
         # the byte-4 band (Note [FP8 kernel vs reference bounds]): the kernel's 2^-7 where the reference has 0
         flips = flips + (pi * (finite & (y >= -6.75) & (y < -6.25))).sum(-1)
-    smooth = math.log(2.0) * delta if config.mode == "exact" else 0.0 * delta
+    # Between steps (Note [FP8 kernel vs reference bounds]), as |dO| <= smooth 2 max|v|.
+    anchor_drift = anchor_err.where(finite, 0.0)
+    if config.mode == "exact":
+        # P V's weights move with their tile's anchor, the row sum's with the scores (its anchors cancel)
+        sum_drift = (pi * torch.exp2(err.where(finite, 0.0))).sum(-1, keepdim=True)  # >= L' / L and >= L / L'
+        share = ((1 + 2.0**-4) * pi + 2.0**-18).where(finite, 0.0)  # e4m3 P / the row sum, per key
+        smooth = (share * (torch.exp2(anchor_drift) * sum_drift - 1)).sum(-1) / 2
+    else:
+        # the row sum adds the very P of P V: both move with the tile's anchor
+        worst = anchor_drift.amax(-1)
+        smooth = torch.exp2(worst) * torch.expm1(worst * math.log(2.0))
     out_bound = (flips + smooth) * 2 * v_max + accumulation * v_max + 2 * 2.0**-8 * o_ref.abs().amax(-1)
     out_bound = out_bound + mma_sum * v_max
-    # The LSE also carries the anchor itself (m * scale_log2 from the score GEMM): ln2 delta in every mode.
-    lse_bound = flips + math.log(2.0) * delta + (math.log1p(mma_sum) if row_sum_by_mma else 2.0**-20)
+    # The LSE: exact's is log sum 2^(scores), off by at most log sum pi 2^err; H15's carries its anchors whole (its
+    # weights are constant between steps): the largest anchor error, and the flips. H15's FADD row sum carries
+    # 2^-120, so its finalize rounds anchor - 112 in fp32.
+    if config.mode == "exact":
+        lse_bound = flips + torch.log((pi * torch.exp2(err.where(finite, 0.0))).sum(-1).clamp(min=1.0))
+    else:
+        lse_bound = flips + math.log(2.0) * (anchor_err.where(finite, 0.0).amax(-1) + rounding)
+    lse_bound = lse_bound + (math.log1p(mma_sum) if row_sum_by_mma else 2.0**-20)
+    if config.mode == "rowmax_h15" and not row_sum_by_mma:
+        anchor_log2 = anchor.where(finite, 0.0).abs().amax(-1)
+        lse_bound = lse_bound + math.log(2.0) * 2.0**-24 * (anchor_log2 + 112)
     lse_ref = torch.logsumexp(x * math.log(2.0), dim=-1)
     lse_bound = lse_bound + 4 * 2.0**-24 * lse_ref.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
     out_bound = torch.minimum(out_bound, 2 * v_max).where(has_key, 0.0)

@@ -62,7 +62,8 @@ component move by at most L * 2^-14 of the top weight (times max |v|) for a row 
 Note [FP8 inputs and descales]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 FP8 q, k, v (e4m3fn, e5m2) are dequantized exactly (every FP8 value is an fp32 value) and the scores are
-the raw products of those values, as an FP8 kernel's QK^T GEMM gives them. The optional descales,
+the raw products of those values, summed in fp32 (the products an FP8 kernel's QK^T GEMM multiplies; Hopper's
+accumulator truncates their sums: Note [Hopper FP8 accumulation], gates/tolerances.py). The optional descales,
 float32 of shape (batch, heads_k) as FA4 takes them, fold in as FA4's SM100 FP8 path does
 (`_load_effective_descales`, flash_fwd_sm100.py): `q_descale * k_descale` multiplies `scale_log2` per
 (batch, kv head) (fp32: scale_log2_eff = fl(fl(softmax_scale * log2 e) * fl(q_descale * k_descale))),
