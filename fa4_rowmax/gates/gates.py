@@ -44,9 +44,12 @@ Note [FP8 inputs in the gates]
     scores are computed from those same e4m3 values, so input quantization is never counted as softmax
     error. V is one-hot (exact in e4m3), the output is BF16 (its rounding enters as ``u_out``). What
     changes, all derived from FA4's FP8 rules (max_offset 8, P in e4m3):
-    - Scores: the FP8 score GEMM sums exact e4m3 products in Hopper's FP8 accumulator, which keeps about
-      14 significant bits, so a score is off by up to ``scale_log2 * 2^-13 * sum_d |q_d k_d|`` (the model
-      of Note [FP8 kernel vs reference bounds], tests/test_fp8_sm90_gpu.py) instead of the fp32 bound.
+    - Scores: the FP8 score GEMM sums e4m3 products in Hopper's FP8 accumulator: per 32-deep wgmma step
+      the products and the running sum are aligned to the largest exponent and truncated to 13 fraction
+      bits. A score is off by up to ``scale_log2 * fp8_score_error_bound(q, k)`` (Note [Hopper FP8
+      accumulation], tolerances.py; the kernel bounds use the same function) instead of the fp32 bound.
+      The older model, ``2^-13 * sum_d |q_d k_d|`` per score, is exceeded by that rule wherever a block's
+      small products fall below the largest one's grid (tests/test_gates_fp8.py shows it on the gate's inputs).
     - P's normal range: P is the weight relative to the anchor times ``2^max_offset``, held in e4m3, whose
       normals end at ``2^-6``: weights below ``2^-14`` of the anchor weight are flushed to 0 (H15, Note [H15
       with FP8 P] in reference/attention.py) or subnormal (exact's convert). Like elements below the output
@@ -92,7 +95,7 @@ import torch
 
 from fa4_rowmax.config import FP8_MAX_OFFSET
 from fa4_rowmax.gates.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
-from fa4_rowmax.gates.tolerances import FP8_ACCUMULATOR_BITS
+from fa4_rowmax.gates.tolerances import fp8_score_error_bound
 
 H15_ENVELOPE = (-0.25, math.log2(1.5) - 0.25)  # log2(H(y)) - y, octaves
 H15_RATIO_BOUND = math.log2(1.5)  # |log2(P_kernel / P_exact)|: two envelope extremes apart
@@ -203,9 +206,10 @@ def _log2_scores(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.
     k64 = k.to(torch.float64).permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     scale_log2 = head_dim**-0.5 * math.log2(math.e)
     x = q64 @ k64.transpose(-1, -2) * scale_log2
-    # Note [FP8 inputs in the gates]: FP8 products are exact, their sum keeps ~14 bits.
-    sum_error = 2.0 ** (1 - FP8_ACCUMULATOR_BITS) if q.dtype in FP8_DTYPES else head_dim * FP32_UNIT_ROUNDOFF
-    dot_error = sum_error * (q64.abs() @ k64.abs().transpose(-1, -2)) * scale_log2
+    if q.dtype in FP8_DTYPES:  # Note [FP8 inputs in the gates]: Hopper's FP8 accumulation, per score
+        dot_error = fp8_score_error_bound(q64, k64, q.dtype) * scale_log2
+    else:
+        dot_error = head_dim * FP32_UNIT_ROUNDOFF * (q64.abs() @ k64.abs().transpose(-1, -2)) * scale_log2
     return x, dot_error + 2 * FP32_UNIT_ROUNDOFF * x.abs()
 
 
