@@ -226,7 +226,11 @@ def _hopper_reference(mode: str):
     """The FP8 reference with its score GEMM by Hopper's e4m3 wgmma rule (the reference's emulated accumulator,
     13 fraction bits, Q K^T only): a model of the SM90 FP8 kernel's scores."""
     config = SoftmaxConfig(
-        mode=mode, p_dtype=E4M3, max_offset=FP8_MAX_OFFSET, tile_n=128, accumulator_mantissa_bits=13,
+        mode=mode,
+        p_dtype=E4M3,
+        max_offset=FP8_MAX_OFFSET,
+        tile_n=128,
+        accumulator_mantissa_bits=13,
         accumulator_gemms="qk",
     )
     return functools.partial(attention_reference, config=config)
