@@ -23,6 +23,7 @@ On a CPU tensor the kernel runs only under Triton's interpreter (``TRITON_INTERP
 ``triton`` is imported): that is how the tests run it without a GPU.
 """
 
+import dataclasses
 import math
 import os
 from typing import Optional
@@ -181,7 +182,10 @@ def _launch(
     if launch is not None and not isinstance(launch, Launch):
         raise TypeError(f"launch must be None (the launch table's) or an aiter_fused.launch.Launch; got {launch!r}")
     arch, table_launch = launch_for(q.device)  # Note [Launch table]
-    launch = table_launch if launch is None else launch
+    if launch is None:
+        launch = table_launch
+    elif table_launch.refusals:  # Note [sm90 refusals]: a custom launch there is refused what the table's is
+        launch = dataclasses.replace(launch, refusals=launch.refusals + table_launch.refusals)
     dot_mode = _default_dot_mode(arch) if dot_mode is None else dot_mode
     if dot_mode not in launch.dot_modes:
         raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")

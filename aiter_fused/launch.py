@@ -60,6 +60,9 @@ output against the same mode's reference; ``bench/results/h200_2026-12-01_s4/ait
   262,144 at tile 64 and 458,752 at tile 128, "bf16" 327,680 and "scaled" 264,192 at tile 128 (Triton's
   OutOfResources). Refused, with the tiles that fit named, rather than Triton's error; "fp8" fits at every tile.
 Head dims 64 and 128 ran right everywhere, both masks.
+A ``launch=Launch(...)`` of the caller's on sm90 inherits these refusals (the dispatcher appends the table's):
+the head-dim-32 fault is not placed, so no other launch is known to be free of it, and the shared-memory ones
+name the tiles the table's launch fits (a launch with fewer stages may fit more: not measured).
 """
 
 import dataclasses

@@ -485,6 +485,26 @@ def test_sm90_refusal_reaches_the_public_entry(monkeypatch, head_dim, tile_n, kw
         fused_softmax_attention(q, q, q, tile_n=tile_n, **kwargs)
 
 
+def test_a_custom_launch_on_sm90_inherits_the_refusals(monkeypatch):
+    """Note [sm90 refusals]: a caller's `launch=Launch(...)` on sm90 is refused what the table's launch is (the
+    head-dim-32 fault is not placed), with its own refusals kept; on an architecture without refusals it runs."""
+    from aiter_fused import attention
+    from aiter_fused.launch import Launch, Refusal
+
+    own = Refusal(64, ("fp8",), (32,), "the caller's own")
+    custom = Launch(block_m=16, num_warps=4, tile_n=32, refusals=(own,))
+    q = torch.zeros(1, 8, 2, 32, dtype=torch.bfloat16, device=DEVICE)
+    monkeypatch.setattr(attention, "launch_for", lambda device: ("sm90", LAUNCHES["sm90"]))
+    with pytest.raises(ValueError, match=r"head_dim=32 with tile_n=64 is refused on sm90.*\[32\]"):
+        fused_softmax_attention(q, q, q, tile_n=64, dot_mode="bf16", launch=custom)
+    q64 = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="the caller's own"):
+        fused_softmax_attention(q64, q64, q64, dot_mode="fp8", launch=custom)
+    monkeypatch.setattr(attention, "launch_for", lambda device: ("interpreter", LAUNCHES["interpreter"]))
+    out, _ = fused_softmax_attention(q, q, q, tile_n=64, dot_mode="bf16", launch=custom)
+    assert out.shape == q.shape and torch.isfinite(out.float()).all()
+
+
 def test_bad_arguments():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(TypeError, match="bfloat16"):
