@@ -127,8 +127,8 @@ def _check_row_sum(row_sum, exact: bool, dot_mode: str) -> None:
 # too (scripts/aiter_fold_gpu_diag.sh, bench/results/h200_2026-12-01_s4/first_call/); head dim 32 at tiles 64 and
 # 128 is refused for both modes on sm90 now (Note [sm90 refusals] in launch.py). Where the kernel runs, the fold
 # matched its reference on the H200: dense, causal, GQA, MXFP8/6/4, "bf16" and "scaled", both row sums, varlen
-# with empty and fully masked rows, NaN inputs (14 tests over the two sessions). Its extreme-score tests now use
-# head dim 64, a launch that runs; they have not yet run on a GPU (docs/aiter_matrix_core.md, "The H200 fault").
+# with empty and fully masked rows, NaN inputs (14 tests over the two sessions), and its six extreme-score tests at
+# head dim 64 (a launch that runs; H200 2026-12-01 20:00 UTC, bench/results/h200_2026-12-01_s5/gpu_tests/).
 
 
 def _check_exp_fold(exp_fold, exact: bool, dot_mode: str) -> None:
