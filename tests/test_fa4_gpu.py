@@ -87,6 +87,19 @@ def test_exact_with_a_threshold_of_zero_is_stock_bit_for_bit(fa4):
         _assert_matches_reference(q, k, v, True, _reference_config("exact", rescale_threshold=0.0), *staged)
 
 
+@pytest.mark.parametrize("beta", [0.5, 1.0])
+@pytest.mark.parametrize("shape, causal", [((2, 509, 300, 8, 2), False), ((1, 300, 509, 4, 2), True)])
+def test_exact_with_beta_matches_reference(fa4, beta, shape, causal):
+    """exact with a beta builds that share of the weights with FA4's exp2 emulation: its values move, within the
+    emulation's term of the bounds (Note [Kernel vs reference: the exp2 emulation] in fa4_rowmax/gates/tolerances.py)."""
+    q, k, v = _inputs(3, *shape, q_std=1.0)
+    with torch.no_grad():
+        out, lse = fa4(q, k, v, causal=causal, return_lse=True, softmax_mode="exact", beta=beta)
+        stock = fa4(q, k, v, causal=causal, return_lse=True)
+    assert not torch.equal(lse, stock[1])  # the emulated share is in use
+    _assert_matches_reference(q, k, v, causal, _reference_config("exact", beta=beta), out, lse)
+
+
 def test_beta_changes_instructions_not_values(fa4):
     q, k, v = _inputs(1, 1, 512, 512, 2, 2)
     with torch.no_grad():

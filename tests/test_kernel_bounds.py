@@ -161,6 +161,31 @@ def test_fp8_bounds_cover_the_exp2_emulation(monkeypatch):
         assert bool((lse_err <= lse_bound[finite]).all()) == covered, beta
 
 
+def test_bf16_bounds_cover_the_exp2_emulation(monkeypatch):
+    """Note [Kernel vs reference: the exp2 emulation]: the BF16 reference with every exact weight emulated (beta 1:
+    FA4's `ex2_emulation` model in place of exp2) stays within `kernel_bounds` with beta=1.0, and leaves them without
+    the emulation term (small scores: the score GEMM's share of delta is then far below the emulation's)."""
+    from fa4_rowmax.gates.tolerances import kernel_bounds
+    from fa4_rowmax.reference import attention as reference
+
+    gen = torch.Generator().manual_seed(5)
+    q = (torch.randn(1, 200, 2, 64, generator=gen) * 0.02).bfloat16()
+    k, v = (torch.randn(1, 300, 2, 64, generator=gen).bfloat16() for _ in range(2))
+    config = SoftmaxConfig(mode="exact", tile_n=128)
+    ref_out, ref_lse = attention_reference(q, k, v, config, causal=True)
+    stock_weights = reference._fa4_weights
+    monkeypatch.setattr(reference, "_fa4_weights", lambda y, tile, cfg: _ex2_emulation_model(y.float()).to(y.dtype))
+    out, lse = attention_reference(q, k, v, config, causal=True)
+    monkeypatch.setattr(reference, "_fa4_weights", stock_weights)
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse - ref_lse).abs()[finite]
+    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    for beta, covered in ((1.0, True), (None, False)):
+        bounds = kernel_bounds(q, k, v, dataclasses.replace(config, beta=beta), causal=True)
+        assert (out_err <= bounds.out).all()
+        assert bool((lse_err <= bounds.lse[finite]).all()) == covered, beta
+
+
 def test_fp8_bounds_cover_the_h15_byte4_rule(monkeypatch):
     """Note [FP8 kernel vs reference bounds], byte-4 rule: with one key 14.43 octaves above 127 others (one tile) (H15
     weight 1.5 * 2^-7 at max_offset 8), the kernel's 2^-7 per element moves the LSE by ~127 2^-15 where the

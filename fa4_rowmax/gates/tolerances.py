@@ -26,6 +26,17 @@ different anchor in the two: its weights then sit on two lattices that both appr
 its output differs by at most 2 max|v| (2^(up+down) - 1) and its LSE by ln2 (up + down). These rows are
 counted (`decision_rows`) so a test can require them to be rare.
 The bounds are capped: no row may exceed 2 max|v| (output) or ln2 (up + down) (LSE), whatever its flips.
+
+Note [Kernel vs reference: the exp2 emulation]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+In exact mode a `beta` builds that share of the weights with FA4's `utils.ex2_emulation` instead of MUFU.EX2
+(SM90 BF16 through our stage; SM100 FA4's own), and the reference keeps exp2: those weights are off by up to
+EX2_EMULATION_REL_ERROR relative (Note [exp2 emulation error]), as if their y moved by EX2_EMULATION_LOG2_ERROR
+octaves. Which elements are emulated depends on the thread's column layout, so every element is charged: delta
+gains that term in exact's smooth drift of out and the LSE (not in the threshold decisions, which read the scores).
+Below 2^-126 the emulation is off by at most 2^-126 absolute per weight, against a row sum >= 1 (the anchor's
+element): under 2^-126 L_k relative, not added. Rowmax-H15/PoT need nothing: their ALU and MUFU builders give the
+same bits (Note [beta selects instructions]).
 """
 
 from __future__ import annotations
@@ -140,8 +151,10 @@ def kernel_bounds(
     rounding = _gamma(seqlen_k) * v_max + 2 * out_ulp * o_ref.abs().amax(-1)
 
     if config.mode == "exact":
-        out_bound = math.log(2.0) * delta * 2 * v_max + rounding
-        lse_bound = math.log(2.0) * delta
+        # Note [Kernel vs reference: the exp2 emulation]: beta's emulated weights, as a move of y.
+        weight_error = delta + (EX2_EMULATION_LOG2_ERROR if config.beta else 0.0)
+        out_bound = math.log(2.0) * weight_error * 2 * v_max + rounding
+        lse_bound = math.log(2.0) * weight_error
         fragile_count = 0
         envelope = 0.0
     else:
