@@ -91,7 +91,7 @@ def test_exact_with_a_threshold_of_zero_is_stock_bit_for_bit(fa4):
 @pytest.mark.parametrize("shape, causal", [((2, 509, 300, 8, 2), False), ((1, 300, 509, 4, 2), True)])
 def test_exact_with_beta_matches_reference(fa4, beta, shape, causal):
     """exact with a beta builds that share of the weights with FA4's exp2 emulation: its values move, within the
-    emulation's term of the bounds (Note [Kernel vs reference: the exp2 emulation] in fa4_rowmax/gates/tolerances.py)."""
+    emulation's term of the bounds (Note [Kernel vs reference: the exp2 emulation], fa4_rowmax/gates/tolerances.py)."""
     q, k, v = _inputs(3, *shape, q_std=1.0)
     with torch.no_grad():
         out, lse = fa4(q, k, v, causal=causal, return_lse=True, softmax_mode="exact", beta=beta)
