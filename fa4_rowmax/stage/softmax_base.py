@@ -10,8 +10,8 @@ element, which instruction sequence builds the weight:
 - `rowmax_pot`: `2 ** -min(K_max, round_half_even(-x))`, bits built on the ALU, or `exp2` of the rounded
   integer on the MUFU.
 
-`beta` is the share of elements built off the MUFU. It selects instructions, never values
-(Note [beta selects instructions]). The arch subclasses live in `softmax_sm90.py` and `softmax_sm100.py`.
+`beta` is the share of elements built off the MUFU. In the lattice modes it selects instructions, never values;
+in `exact` it moves them by the polynomial's error (Note [beta selects instructions]). The arch subclasses live in `softmax_sm90.py` and `softmax_sm100.py`.
 """
 
 import math
@@ -67,7 +67,9 @@ H15_FOLD_CLAMP = H15_ROUND + H15_CLAMP
 # MUFU. Element i of n goes off the MUFU when floor((i + 1) * beta) > floor(i * beta), which spreads
 # floor(n * beta) elements evenly along the row so the MUFU and the FMA/ALU pipes drain in parallel.
 # In `rowmax_h15` and `rowmax_pot` both paths give the same weight; in `exact` the off-MUFU path is FA4's
-# polynomial, which differs from ex2.approx at rounding level.
+# polynomial, which differs from exp2 by up to 8.8e-5 relative (Note [exp2 emulation error] in
+# gates/tolerances.py), under BF16 P's half ulp; the kernel bounds charge it (Note [Kernel vs reference: the exp2
+# emulation]).
 
 
 def _f32_hex(value: float) -> str:
