@@ -184,8 +184,10 @@ def _launch(
     arch, table_launch = launch_for(q.device)  # Note [Launch table]
     if launch is None:
         launch = table_launch
-    elif table_launch.refusals:  # Note [sm90 refusals]: a custom launch there is refused what the table's is
-        launch = dataclasses.replace(launch, refusals=launch.refusals + table_launch.refusals)
+    else:  # a caller's launch: the architecture's dot modes and inherited refusals still hold (Note [sm90 refusals])
+        inherited = tuple(r for r in table_launch.refusals if r.inherited and r not in launch.refusals)
+        dot_modes = tuple(m for m in launch.dot_modes if m in table_launch.dot_modes)
+        launch = dataclasses.replace(launch, refusals=launch.refusals + inherited, dot_modes=dot_modes)
     dot_mode = _default_dot_mode(arch) if dot_mode is None else dot_mode
     if dot_mode not in launch.dot_modes:
         raise ValueError(f"dot_mode={dot_mode!r} does not compile for {arch}; accepted there: {launch.dot_modes}")

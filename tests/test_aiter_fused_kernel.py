@@ -486,8 +486,9 @@ def test_sm90_refusal_reaches_the_public_entry(monkeypatch, head_dim, tile_n, kw
 
 
 def test_a_custom_launch_on_sm90_inherits_the_refusals(monkeypatch):
-    """Note [sm90 refusals]: a caller's `launch=Launch(...)` on sm90 is refused what the table's launch is (the
-    head-dim-32 fault is not placed), with its own refusals kept; on an architecture without refusals it runs."""
+    """Note [sm90 refusals]: a caller's `launch=Launch(...)` on sm90 is refused the head-dim-32 fault (not placed)
+    as the table's launch is, keeps its own refusals, and is not refused the table's shared-memory limits; it keeps
+    the architecture's dot modes; on an architecture without refusals it runs."""
     from aiter_fused import attention
     from aiter_fused.launch import Launch, Refusal
 
@@ -500,6 +501,18 @@ def test_a_custom_launch_on_sm90_inherits_the_refusals(monkeypatch):
     q64 = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match="the caller's own"):
         fused_softmax_attention(q64, q64, q64, dot_mode="fp8", launch=custom)
+    # The shared-memory refusals are the table's launch's resources (inherited=False): a caller's launch at head
+    # dim 256, tile 128 passes the dispatcher where the table's is refused.
+    q256 = torch.zeros(1, 8, 2, 256, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="head_dim=256 with tile_n=128 is refused on sm90"):
+        fused_softmax_attention(q256, q256, q256, tile_n=128, dot_mode="bf16")
+    if DEVICE == "cpu":  # on a GPU this launch meets the device's own shared-memory limit, not measured here
+        out, _ = fused_softmax_attention(q256, q256, q256, tile_n=128, dot_mode="bf16", launch=custom)
+        assert out.shape == q256.shape and torch.isfinite(out.float()).all()
+    # A caller's launch keeps the architecture's dot modes: gfx942 compiles no "scaled".
+    monkeypatch.setattr(attention, "launch_for", lambda device: ("gfx942", LAUNCHES["gfx942"]))
+    with pytest.raises(ValueError, match="does not compile for gfx942"):
+        fused_softmax_attention(q, q, q, dot_mode="scaled", launch=custom)
     monkeypatch.setattr(attention, "launch_for", lambda device: ("interpreter", LAUNCHES["interpreter"]))
     out, _ = fused_softmax_attention(q, q, q, tile_n=64, dot_mode="bf16", launch=custom)
     assert out.shape == q.shape and torch.isfinite(out.float()).all()

@@ -180,7 +180,7 @@ def test_bf16_bounds_cover_the_exp2_emulation(monkeypatch):
     finite = torch.isfinite(ref_lse)
     lse_err = (lse - ref_lse).abs()[finite]
     out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
-    for beta, covered in ((1.0, True), (None, False)):
+    for beta, covered in ((1.0, True), (None, True), (0.0, False)):  # None: FA4's stock tuning, charged
         bounds = kernel_bounds(q, k, v, dataclasses.replace(config, beta=beta), causal=True)
         assert (out_err <= bounds.out).all()
         assert bool((lse_err <= bounds.lse[finite]).all()) == covered, beta
@@ -314,3 +314,32 @@ def test_fp8_bounds_cover_hopper_scores_with_gqa_and_descales(mode):
     assert (lse_err <= lse_bound).all()
     assert ((out.float() - ref_out.float()).abs().amax(-1, keepdim=True) <= out_bound).all()
     assert float(lse_err.max()) > 1e-4
+
+
+def test_bf16_bounds_cover_p_rounding_flips_where_the_output_cancels(monkeypatch):
+    """Note [Kernel vs reference: P's rounding]: two keys with v = +1 / -1 and scores 0 to 0.15 octave apart, so O is
+    near 0 and the output's rounding term vanishes: the emulated weights (beta 1) round some P to the neighbouring
+    BF16 value, one ulp (2^-8 relative), far beyond the smooth drift. Covered with the P-rounding term; the same
+    bound with P held in fp32 (no BF16 steps) is exceeded on those rows."""
+    from fa4_rowmax.gates.tolerances import kernel_bounds
+    from fa4_rowmax.reference import attention as reference
+
+    head_dim, rows = 64, 4096
+    k = torch.zeros(1, 2, 1, head_dim)
+    k[0, 1, 0, 0] = 1.0
+    q = torch.zeros(1, rows, 1, head_dim)
+    gen = torch.Generator().manual_seed(0)
+    q[0, :, 0, 0] = -torch.rand(rows, generator=gen) * 0.15 * math.sqrt(head_dim) / math.log2(math.e)
+    v = torch.zeros(1, 2, 1, head_dim)
+    v[0, 0], v[0, 1] = 1.0, -1.0
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    config = SoftmaxConfig(mode="exact", tile_n=128, beta=1.0)
+    ref_out, _ = attention_reference(q, k, v, config)
+    monkeypatch.setattr(reference, "_fa4_weights", lambda y, tile, cfg: _ex2_emulation_model(y.float()).to(y.dtype))
+    out, _ = attention_reference(q, k, v, config)
+    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    bounds = kernel_bounds(q, k, v, config, causal=False)
+    assert (out_err <= bounds.out).all()
+    assert bounds.fragile_elements > 0
+    without = kernel_bounds(q, k, v, dataclasses.replace(config, p_dtype=torch.float32), causal=False)
+    assert float((out_err / without.out).max()) > 2

@@ -199,7 +199,8 @@ def _valid_mask(seqlen_q: int, seqlen_k: int, causal: bool, device) -> torch.Ten
 
 def _log2_scores(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact scores ``x = q.k * head_dim^-0.5 * log2(e)`` in fp64, (batch, heads_q, seqlen_q, seqlen_k),
-    and the fp32 error bound on them (Note [Gate tolerances]) without the anchor term."""
+    and the error bound on the kernel's scores (fp32 GEMM, or Hopper's FP8 accumulation for FP8 inputs; Note
+    [Gate tolerances]) without the anchor term."""
     head_dim = q.shape[3]
     group = q.shape[2] // k.shape[2]
     q64 = q.to(torch.float64).permute(0, 2, 1, 3)
@@ -290,9 +291,11 @@ def single_tile_gate(
     x, x_error = _log2_scores(q, k)
     x = x.masked_fill(~valid, -math.inf)
     row_max = x.amax(dim=-1, keepdim=True)
-    max_index = x.argmax(dim=-1, keepdim=True)
-    # Single tile: the anchor is the row max, so the lattice argument is y = x - row_max.
-    y_error = x_error + x_error.gather(-1, max_index) + 2 * FP32_UNIT_ROUNDOFF * row_max.abs()
+    # Single tile: the anchor is the row max, so the lattice argument is y = x - row_max. The kernel's max is
+    # the computed score of whichever key comes out largest: at most max_j (x_j + err_j), at least row_max minus
+    # the argmax key's error, so it is off by at most max_j (x_j + err_j) - row_max (>= the argmax key's err).
+    anchor_error = ((x + x_error).amax(dim=-1, keepdim=True) - row_max).where(row_max.isfinite(), 0.0)
+    y_error = x_error + anchor_error + 2 * FP32_UNIT_ROUNDOFF * row_max.abs()
 
     fp8 = dtype in FP8_DTYPES
     p_floor_log2 = _p_floor_log2(dtype)

@@ -37,6 +37,17 @@ gains that term in exact's smooth drift of out and the LSE (not in the threshold
 Below 2^-126 the emulation is off by at most 2^-126 absolute per weight, against a row sum >= 1 (the anchor's
 element): under 2^-126 L_k relative, not added. Rowmax-H15/PoT need nothing: their ALU and MUFU builders give the
 same bits (Note [beta selects instructions]).
+
+Note [Kernel vs reference: P's rounding]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+In exact mode both sides round the weights to P's dtype (BF16/FP16) for P V, and exact's smooth drift (ln2
+delta) is far below one step of that rounding: a weight within `weight_error` (log2) of a rounding midpoint may
+round to the neighbouring value on one side, a change of one ulp, ulp_j / p_j relative (at most 2^-7 in BF16).
+The row sum adds the fp32 weights, so only P V moves: out by at most sum over those j of pi_j (ulp_j / p_j) 2
+max|v| (pi the exact softmax; the weights' own drift is second order). The LSE is untouched. `fragile_elements`
+counts them. H15 and PoT weights are exact in BF16/FP16 (1 or 1.5 times a power of two): no such term. Without it
+a row whose output nearly cancels (O near 0, where the output rounding term vanishes) could exceed the bound by
+10x (tests/test_kernel_bounds.py).
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from dataclasses import dataclass
 import torch
 
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+from fa4_rowmax.reference.attention import p_dtype_for
 from fa4_rowmax.reference.mma_accumulator import FP8_MMA_K, exponent_fields, min_normal_exponent
 
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -151,11 +163,18 @@ def kernel_bounds(
     rounding = _gamma(seqlen_k) * v_max + 2 * out_ulp * o_ref.abs().amax(-1)
 
     if config.mode == "exact":
-        # Note [Kernel vs reference: the exp2 emulation]: beta's emulated weights, as a move of y.
-        weight_error = delta + (EX2_EMULATION_LOG2_ERROR if config.beta else 0.0)
-        out_bound = math.log(2.0) * weight_error * 2 * v_max + rounding
+        # Note [Kernel vs reference: the exp2 emulation]: the emulated weights, as a move of y (beta None is FA4's
+        # stock tuning, which emulates a share on SM100: charged too).
+        emulated = config.beta is None or config.beta > 0
+        weight_error = delta + (EX2_EMULATION_LOG2_ERROR if emulated else 0.0)
+        # Note [Kernel vs reference: P's rounding]: a weight within weight_error of a rounding midpoint of P's dtype.
+        p = torch.exp2(y.where(torch.isfinite(y), -math.inf))
+        distance, ulp_share = rounding_midpoint_distance(p, p_dtype_for(config, q.dtype))
+        fragile = (distance <= weight_error[..., None]) & torch.isfinite(y)
+        p_flips = (pi * ulp_share * fragile).sum(-1)
+        out_bound = (math.log(2.0) * weight_error + p_flips) * 2 * v_max + rounding
         lse_bound = math.log(2.0) * weight_error
-        fragile_count = 0
+        fragile_count = int(fragile.sum())
         envelope = 0.0
     else:
         ratio, up, down = LATTICE[config.mode]
@@ -302,6 +321,20 @@ EX2_EMULATION_LOG2_ERROR = -math.log2(1.0 - EX2_EMULATION_REL_ERROR)
 _NO_EXPONENT = -(2**20)  # the exponent of 0: below every other, 2^it is 0
 
 
+def rounding_midpoint_distance(p: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """For weights p >= 0 (fp64) rounded to `dtype`: the distance from each to the nearest rounding midpoint of
+    `dtype`, in log2 units of y = log2 p, and ulp / p (the relative size of one rounding step there). Subnormals
+    of `dtype` keep the smallest normal's ulp; p = 0 is infinitely far."""
+    finfo = torch.finfo(dtype)
+    mantissa_bits = round(-math.log2(finfo.eps))
+    exponent = torch.floor(torch.log2(p.clamp(min=finfo.tiny)))
+    ulp = torch.exp2(exponent - mantissa_bits)
+    midpoint_gap = ((p / ulp - 0.5) - torch.round(p / ulp - 0.5)).abs() * ulp
+    tiny = p.clamp(min=2.0**-1000)
+    distance = torch.where(p > 0, midpoint_gap / tiny / math.log(2.0), math.inf)
+    return distance, torch.where(p > 0, ulp / tiny, 0.0)
+
+
 def _exponent(x: torch.Tensor) -> torch.Tensor:
     """floor(log2 x) for x > 0, _NO_EXPONENT for 0 (int64)."""
     _, e = torch.frexp(x)
@@ -395,11 +428,7 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
         distance = torch.minimum(distance, (y + 6.25).abs())
     else:
         ratio, envelope = 1.0 + 2.0**-3, 2.0**-4
-        p = torch.exp2(y.where(finite, -math.inf))
-        exponent = torch.floor(torch.log2(p.clamp(min=2.0**-6)))
-        ulp = torch.exp2(exponent - 3)
-        midpoint_gap = ((p / ulp - 0.5) - torch.round(p / ulp - 0.5)).abs() * ulp
-        distance = midpoint_gap / p.clamp(min=2.0**-60) / math.log(2.0)  # in log2 units of y
+        distance, _ = rounding_midpoint_distance(torch.exp2(y.where(finite, -math.inf)), q.dtype)
     fragile = (distance <= delta) & finite
     pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)
     fragile_mass = (pi * fragile).sum(-1)

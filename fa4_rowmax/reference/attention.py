@@ -416,6 +416,13 @@ def _accumulate_pv(problem: _Problem, tile: _Tile, p: torch.Tensor, acc: torch.T
     target.mul_(acc_scale[..., None]).add_(pv.view(batch, heads_k, group, rows_in_tile, -1))
 
 
+def p_dtype_for(config: SoftmaxConfig, q_dtype: torch.dtype) -> torch.dtype:
+    """The dtype P is rounded to for P@V: `config.p_dtype`, else q's dtype (float32 for float32/float64 inputs)."""
+    if config.p_dtype is not None:
+        return config.p_dtype
+    return torch.float32 if q_dtype in (torch.float32, torch.float64) else q_dtype
+
+
 def _round_p(p: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
     """P as the P@V GEMM sees it: rounded to p_dtype (FP8 saturating), back in p's dtype."""
     if p_dtype == p.dtype:
@@ -727,9 +734,7 @@ def attention_reference(
     )
     fp8_inputs = q.dtype in _FP8_DTYPES
     varlen = cu_seqlens_q is not None
-    p_dtype = config.p_dtype
-    if p_dtype is None:
-        p_dtype = torch.float32 if q.dtype in (torch.float32, torch.float64) else q.dtype
+    p_dtype = p_dtype_for(config, q.dtype)
     dense_q, dense_k, dense_v = q, k, v
     if fp8_inputs:  # exact upcast before any padding or layout change (FP8 lacks some of those kernels)
         dense_q, dense_k, dense_v = q.float(), k.float(), v.float()

@@ -11,7 +11,8 @@ element, which instruction sequence builds the weight:
   integer on the MUFU.
 
 `beta` is the share of elements built off the MUFU. In the lattice modes it selects instructions, never values;
-in `exact` it moves them by the polynomial's error (Note [beta selects instructions]). The arch subclasses live in `softmax_sm90.py` and `softmax_sm100.py`.
+in `exact` it moves them by the polynomial's error (Note [beta selects instructions]). The arch subclasses live
+in `softmax_sm90.py` and `softmax_sm100.py`.
 """
 
 import math
