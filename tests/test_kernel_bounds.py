@@ -343,3 +343,33 @@ def test_bf16_bounds_cover_p_rounding_flips_where_the_output_cancels(monkeypatch
     assert bounds.fragile_elements > 0
     without = kernel_bounds(q, k, v, dataclasses.replace(config, p_dtype=torch.float32), causal=False)
     assert float((out_err / without.out).max()) > 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_rounding_midpoint_distance_is_the_true_nearest_midpoint(dtype):
+    """`rounding_midpoint_distance` against every midpoint of `dtype`'s grid (enumerated from its bit patterns),
+    on random weights and exact powers of two (where the nearest midpoint is the lower binade's: half as far as
+    p's own grid would put it), subnormals included."""
+    from fa4_rowmax.gates.tolerances import rounding_midpoint_distance
+
+    bits = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int32).to(
+        torch.int16 if dtype.itemsize == 2 else torch.uint8
+    )
+    grid = bits.view(dtype).double()
+    grid = torch.unique(grid[torch.isfinite(grid) & (grid >= 0)])
+    midpoints = (grid[1:] + grid[:-1]) / 2
+    gen = torch.Generator().manual_seed(0)
+    tiny = torch.finfo(dtype).tiny
+    p = torch.cat(
+        [
+            torch.exp2(torch.rand(4000, generator=gen, dtype=torch.float64) * 12 - 10),
+            torch.exp2(torch.arange(-8.0, 3.0, dtype=torch.float64)),  # powers of two
+            torch.rand(200, generator=gen, dtype=torch.float64) * tiny,  # subnormals
+        ]
+    )
+    p = p[p < grid.max()]
+    distance, ulp_share = rounding_midpoint_distance(p, dtype)
+    true = (p.log2()[:, None] - midpoints.log2()[None, :]).abs().amin(-1)
+    assert torch.allclose(distance, true, rtol=1e-9, atol=0.0)
+    step = (grid[torch.searchsorted(grid, p, right=True)] - grid[torch.searchsorted(grid, p, right=True) - 1]) / p
+    assert (ulp_share >= step * (1 - 1e-12)).all()  # one rounding step relative to p, never under-counted

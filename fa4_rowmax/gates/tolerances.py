@@ -42,7 +42,9 @@ Note [Kernel vs reference: P's rounding]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 In exact mode both sides round the weights to P's dtype (BF16/FP16) for P V, and exact's smooth drift (ln2
 delta) is far below one step of that rounding: a weight within `weight_error` (log2) of a rounding midpoint may
-round to the neighbouring value on one side, a change of one ulp, ulp_j / p_j relative (at most 2^-7 in BF16).
+round to the neighbouring value on one side, a change of one ulp, ulp_j / p_j relative (at most 2^-7 for BF16
+normals; `weight_error` includes both sides' fp32 exp2 error, EXP2_FP32_LOG2_ERROR, which delta does not cover at
+small scores).
 The row sum adds the fp32 weights, so only P V moves: out by at most sum over those j of pi_j (ulp_j / p_j) 2
 max|v| (pi the exact softmax; the weights' own drift is second order). The LSE is untouched. `fragile_elements`
 counts them. H15 and PoT weights are exact in BF16/FP16 (1 or 1.5 times a power of two): no such term. Without it
@@ -75,7 +77,7 @@ STEPS = {"rowmax_h15": (0.5, 0.25), "rowmax_pot": (1.0, 0.5)}
 class KernelBounds:
     out: torch.Tensor  # (batch, seqlen_q, heads_q, 1): per-row bound on |out_kernel - out_ref|
     lse: torch.Tensor  # (batch, heads_q, seqlen_q): per-row bound on |lse_kernel - lse_ref|
-    fragile_elements: int  # elements within delta of a lattice step
+    fragile_elements: int  # elements within delta of a lattice step (exact: of a rounding midpoint of P's dtype)
     decision_rows: int  # rows whose keep-or-move decision met the threshold within delta
 
 
@@ -166,7 +168,7 @@ def kernel_bounds(
         # Note [Kernel vs reference: the exp2 emulation]: the emulated weights, as a move of y (beta None is FA4's
         # stock tuning, which emulates a share on SM100: charged too).
         emulated = config.beta is None or config.beta > 0
-        weight_error = delta + (EX2_EMULATION_LOG2_ERROR if emulated else 0.0)
+        weight_error = delta + EXP2_FP32_LOG2_ERROR + (EX2_EMULATION_LOG2_ERROR if emulated else 0.0)
         # Note [Kernel vs reference: P's rounding]: a weight within weight_error of a rounding midpoint of P's dtype.
         p = torch.exp2(y.where(torch.isfinite(y), -math.inf))
         distance, ulp_share = rounding_midpoint_distance(p, p_dtype_for(config, q.dtype))
@@ -316,6 +318,10 @@ FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma keeps 14 significant bits (13 fr
 # tests/test_kernel_bounds.py recomputes it from FA4's coefficients and checks an fp32 model of the emulation.
 EX2_EMULATION_REL_ERROR = 8.8e-5
 EX2_EMULATION_LOG2_ERROR = -math.log2(1.0 - EX2_EMULATION_REL_ERROR)
+# Note [Kernel vs reference: P's rounding]: the MUFU's `ex2.approx.f32` is within a few fp32 ulps of 2^y (the PTX
+# ISA gives no bits; Note [PTX interpreter] in stage/ptx_interp.py), charged as 4 ulps (2^-21), and the reference's
+# fp32 exp2 within 1 ulp: 5 ulps relative, in log2 units.
+EXP2_FP32_LOG2_ERROR = -math.log2(1.0 - 5 * 2.0**-23)
 
 
 _NO_EXPONENT = -(2**20)  # the exponent of 0: below every other, 2^it is 0
@@ -329,10 +335,19 @@ def rounding_midpoint_distance(p: torch.Tensor, dtype: torch.dtype) -> tuple[tor
     mantissa_bits = round(-math.log2(finfo.eps))
     exponent = torch.floor(torch.log2(p.clamp(min=finfo.tiny)))
     ulp = torch.exp2(exponent - mantissa_bits)
-    midpoint_gap = ((p / ulp - 0.5) - torch.round(p / ulp - 0.5)).abs() * ulp
-    tiny = p.clamp(min=2.0**-1000)
-    distance = torch.where(p > 0, midpoint_gap / tiny / math.log(2.0), math.inf)
-    return distance, torch.where(p > 0, ulp / tiny, 0.0)
+    below = (torch.floor(p / ulp - 0.5) + 0.5) * ulp  # the grid's midpoints on either side of p
+    # Past the binade's top the next midpoint is the upper binade's, half its ulp (= ulp) above 2^(e+1); just
+    # below 2^e it is the lower binade's, ulp / 4 below (the smallest normal binade shares its ulp with the
+    # subnormals under it, so its own grid holds there).
+    top = torch.exp2(exponent + 1)
+    above = torch.where(below + ulp > top, top + ulp, below + ulp)
+    edge = torch.where(exponent > math.log2(finfo.tiny), torch.exp2(exponent) - ulp / 4, -1.0)
+    log2_p = torch.log2(p)
+    distance = torch.full_like(p, math.inf)
+    for midpoint in (below, above, edge):
+        distance = torch.minimum(distance, torch.where(midpoint > 0, (log2_p - torch.log2(midpoint)).abs(), math.inf))
+    distance = torch.where(p > 0, distance, math.inf)
+    return distance, torch.where(p > 0, ulp / p.clamp(min=2.0**-1000), 0.0)
 
 
 def _exponent(x: torch.Tensor) -> torch.Tensor:
@@ -378,6 +393,8 @@ def fp8_score_error_bound(q64: torch.Tensor, k64: torch.Tensor, dtype: torch.dty
 def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=None, row_sum_by_mma=False):
     """Per-row bounds (out: (B, Lq, Hq, 1), lse: (B, Hq, Lq)) of the SM90 FP8 forward against
     `attention_reference` with FP8 inputs (Note [FP8 kernel vs reference bounds])."""
+    if q.dtype != torch.float8_e4m3fn:  # the steps below are e4m3's (ratio 1 + 2^-3); the SM90 FP8 path is e4m3-only
+        raise ValueError(f"fp8_kernel_bounds derives e4m3's rounding steps; q.dtype must be float8_e4m3fn: {q.dtype}")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     group = heads_q // heads_k
@@ -417,7 +434,9 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
     finite = torch.isfinite(y)
     magnitude = (x.abs() + anchor.abs()).where(finite, 0.0).amax(-1)
     rounding = 8 * 2.0**-24 * magnitude
-    if config.mode == "exact" and config.beta:
+    if config.mode == "exact":
+        rounding = rounding + EXP2_FP32_LOG2_ERROR  # MUFU ex2.approx and the reference's exp2
+    if config.mode == "exact" and config.beta:  # the SM90 FP8 host maps beta 0 to None: no emulated share either way
         rounding = rounding + EX2_EMULATION_LOG2_ERROR  # the emulated share (beta)
     err = err + rounding[..., None]
     delta = (err + anchor_err).where(finite, 0.0)  # y = (s - m) scale_log2: the errors of s and of the running max
@@ -428,7 +447,7 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
         distance = torch.minimum(distance, (y + 6.25).abs())
     else:
         ratio, envelope = 1.0 + 2.0**-3, 2.0**-4
-        distance, _ = rounding_midpoint_distance(torch.exp2(y.where(finite, -math.inf)), q.dtype)
+        distance, _ = rounding_midpoint_distance(torch.exp2(y.where(finite, -math.inf)), p_dtype_for(config, q.dtype))
     fragile = (distance <= delta) & finite
     pi = torch.softmax(x * math.log(2.0), dim=-1).nan_to_num(0.0)
     fragile_mass = (pi * fragile).sum(-1)
