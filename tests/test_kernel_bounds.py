@@ -135,26 +135,31 @@ def test_exp2_emulation_error_is_derived_from_fa4s_polynomial():
     assert special.tolist() == [0.0, 0.0, 0.0] and not torch.signbit(special).any()
 
 
+def _emulated_reference_errors(monkeypatch, q, k, v, config):
+    """The reference with every exact weight from the fp32 model of FA4's `ex2_emulation` against the stock one
+    (causal): per-row max |out error|, |LSE error| on the finite rows, and that finite mask."""
+    from fa4_rowmax.reference import attention as reference
+
+    ref_out, ref_lse = attention_reference(q, k, v, config, causal=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(reference, "_fa4_weights", lambda y, tile, cfg: _ex2_emulation_model(y.float()).to(y.dtype))
+        out, lse = attention_reference(q, k, v, config, causal=True)
+    finite = torch.isfinite(ref_lse)
+    return (out.float() - ref_out.float()).abs().amax(-1, keepdim=True), (lse - ref_lse).abs()[finite], finite
+
+
 def test_fp8_bounds_cover_the_exp2_emulation(monkeypatch):
     """Note [FP8 kernel vs reference bounds], beta: the FP8 reference with every exact weight emulated (beta 1, the
     kernel's FADD row sum adds the emulated fp32 weights) stays within the bounds with beta=1.0, and leaves them
     without the emulation term (small scores: the accumulator term of delta is then far below the emulation's)."""
     from fa4_rowmax.config import FP8_MAX_OFFSET
     from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
-    from fa4_rowmax.reference import attention as reference
 
     gen = torch.Generator().manual_seed(5)
     q = (torch.randn(1, 200, 2, 64, generator=gen) * 0.02).to(torch.float8_e4m3fn)
     k, v = (torch.randn(1, 300, 2, 64, generator=gen).to(torch.float8_e4m3fn) for _ in range(2))
     config = SoftmaxConfig(mode="exact", max_offset=FP8_MAX_OFFSET, tile_n=128)
-    ref_out, ref_lse = attention_reference(q, k, v, config, causal=True)
-    stock_weights = reference._fa4_weights
-    monkeypatch.setattr(reference, "_fa4_weights", lambda y, tile, cfg: _ex2_emulation_model(y.float()).to(y.dtype))
-    out, lse = attention_reference(q, k, v, config, causal=True)
-    monkeypatch.setattr(reference, "_fa4_weights", stock_weights)
-    finite = torch.isfinite(ref_lse)
-    lse_err = (lse - ref_lse).abs()[finite]
-    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    out_err, lse_err, finite = _emulated_reference_errors(monkeypatch, q, k, v, config)
     for beta, covered in ((1.0, True), (None, False)):
         out_bound, lse_bound = fp8_kernel_bounds(q, k, v, dataclasses.replace(config, beta=beta), True)
         assert (out_err <= out_bound).all()
@@ -166,20 +171,12 @@ def test_bf16_bounds_cover_the_exp2_emulation(monkeypatch):
     FA4's `ex2_emulation` model in place of exp2) stays within `kernel_bounds` with beta=1.0, and leaves them without
     the emulation term (small scores: the score GEMM's share of delta is then far below the emulation's)."""
     from fa4_rowmax.gates.tolerances import kernel_bounds
-    from fa4_rowmax.reference import attention as reference
 
     gen = torch.Generator().manual_seed(5)
     q = (torch.randn(1, 200, 2, 64, generator=gen) * 0.02).bfloat16()
     k, v = (torch.randn(1, 300, 2, 64, generator=gen).bfloat16() for _ in range(2))
     config = SoftmaxConfig(mode="exact", tile_n=128)
-    ref_out, ref_lse = attention_reference(q, k, v, config, causal=True)
-    stock_weights = reference._fa4_weights
-    monkeypatch.setattr(reference, "_fa4_weights", lambda y, tile, cfg: _ex2_emulation_model(y.float()).to(y.dtype))
-    out, lse = attention_reference(q, k, v, config, causal=True)
-    monkeypatch.setattr(reference, "_fa4_weights", stock_weights)
-    finite = torch.isfinite(ref_lse)
-    lse_err = (lse - ref_lse).abs()[finite]
-    out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
+    out_err, lse_err, finite = _emulated_reference_errors(monkeypatch, q, k, v, config)
     for beta, covered in ((1.0, True), (None, True), (0.0, False)):  # None: FA4's stock tuning, charged
         bounds = kernel_bounds(q, k, v, dataclasses.replace(config, beta=beta), causal=True)
         assert (out_err <= bounds.out).all()
