@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_compile_sm90_fp8 import _compile, _count  # noqa: E402
 
-from fa4_rowmax.stage import compile_check  # noqa: E402
+from fa4_rowmax.testing import compile_check  # noqa: E402
 
 VARIANTS = {
     "fa4fp8_exact": dict(softmax_mode="exact"),

@@ -17,7 +17,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_compile_sm90_fp8 as fp8  # noqa: E402
 from compile_helpers import sass  # noqa: E402
 
-from fa4_rowmax.stage import compile_check as cc  # noqa: E402
+from fa4_rowmax.testing import compile_check as cc  # noqa: E402
 
 D = dict(cc.DEFAULT_CONFIG)
 FOLD, VOTE = {"anchor_rounding": "half_octave"}, {"rescale_vote": True}

@@ -1,6 +1,6 @@
 """SM90 (Hopper) FA4 kernels with the softmax stage compile to cubin on the CPU; SASS read with cuobjdump.
 
-Each configuration compiles in its own subprocess against private FA4 copies (fa4_rowmax/stage/compile_check.py).
+Each configuration compiles in its own subprocess against private FA4 copies (fa4_rowmax/testing/compile_check.py).
 The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow) (dtypes x causal x head dim x GQA/varlen x modes).
 """
 

@@ -2,7 +2,7 @@
 with the closed-form reference; mutants of the builders must fail the same checks.
 
 The fragments come from the builders the kernels call (every `@ptx_fragment` function in fa4_rowmax/stage/,
-Note [PTX fragments are data]) and run through `fa4_rowmax.stage.ptx_interp` (Note [PTX interpreter]).
+Note [PTX fragments are data]) and run through `fa4_rowmax.testing.ptx_interp` (Note [PTX interpreter]).
 `check_fragment(name)` looks the builder up at call time, so a monkeypatched builder is what it checks.
 """
 
@@ -20,7 +20,7 @@ from fa4_rowmax.reference import attention
 from fa4_rowmax.reference.exp_approx import h15, h15_e4m3_bytes, pot
 from fa4_rowmax.stage import softmax_base as sb
 from fa4_rowmax.stage import softmax_sm90_fp8 as sm90_fp8
-from fa4_rowmax.stage.ptx_interp import CANONICAL_NAN, Ex2Model, PtxError, run
+from fa4_rowmax.testing.ptx_interp import CANONICAL_NAN, Ex2Model, PtxError, run
 
 STAGE_DIR = Path(sb.__file__).parent
 

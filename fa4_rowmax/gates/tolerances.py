@@ -319,7 +319,7 @@ FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma keeps 14 significant bits (13 fr
 EX2_EMULATION_REL_ERROR = 8.8e-5
 EX2_EMULATION_LOG2_ERROR = -math.log2(1.0 - EX2_EMULATION_REL_ERROR)
 # Note [Kernel vs reference: P's rounding]: the MUFU's `ex2.approx.f32` is within a few fp32 ulps of 2^y (the PTX
-# ISA gives no bits; Note [PTX interpreter] in stage/ptx_interp.py), charged as 4 ulps (2^-21), and the reference's
+# ISA gives no bits; Note [PTX interpreter] in testing/ptx_interp.py), charged as 4 ulps (2^-21), and the reference's
 # fp32 exp2 within 1 ulp: 5 ulps relative, in log2 units.
 EXP2_FP32_LOG2_ERROR = -math.log2(1.0 - 5 * 2.0**-23)
 

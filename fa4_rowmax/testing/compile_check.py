@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Compile FA4 forward kernels to cubin on a CPU-only machine and read their SASS.
 
-    python -m fa4_rowmax.stage.compile_check --arch sm90 --matrix ci --out /tmp/cc      # the CI matrix
-    python -m fa4_rowmax.stage.compile_check --arch sm100 --matrix full --out /tmp/cc   # the bigger one
-    python -m fa4_rowmax.stage.compile_check one --arch sm90 --config '{"mode": "rowmax_h15"}'  # one config, JSON out
+    python -m fa4_rowmax.testing.compile_check --arch sm90 --matrix ci --out /tmp/cc      # the CI matrix
+    python -m fa4_rowmax.testing.compile_check --arch sm100 --matrix full --out /tmp/cc   # the bigger one
+    python -m fa4_rowmax.testing.compile_check one --arch sm90 --config '{"mode": "rowmax_h15"}'  # one config, JSON out
 
 How (shared/notes/rowmax_h15.md): FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH / FLASH_ATTENTION_NUM_SMS select the
 kernel and target, the forward runs inside torch's FakeTensorMode on "cuda" tensors so the kernel is traced
@@ -239,7 +239,7 @@ def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: flo
     cmd = [
         sys.executable,
         "-m",
-        "fa4_rowmax.stage.compile_check",
+        "fa4_rowmax.testing.compile_check",
         "one",
         "--arch",
         arch,
