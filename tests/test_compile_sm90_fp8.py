@@ -2,7 +2,7 @@
 
 Each configuration compiles in its own subprocess (FakeTensorMode, FLASH_ATTENTION_ARCH=sm_90,
 CUTE_DSL_ARCH=sm_90a, CUTE_DSL_KEEP=cubin) against a private patched copy of the installed FA4 (the
-kernel uses patch 0001's `softmax_stage` hook in FA4's SM90 `mma`), as fa4_rowmax/stage/compile_check.py
+kernel uses patch 0001's `softmax_stage` hook in FA4's SM90 `mma`), as fa4_rowmax/testing/compile_check.py
 does for the BF16 kernels. Configurations: causal, head dim 128, 256 keys (so all three softmax sites of
 FA4's causal main loop are unrolled: first block, masked blocks, unmasked blocks).
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_rowmax.stage import compile_check
 from fa4_rowmax.stage.softmax_base import off_mufu
+from fa4_rowmax.testing import compile_check
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES = 3

@@ -28,7 +28,7 @@ from test_fp8_sm90_gpu import _descales, _gpu_sm90, _poison_allocator
 
 from fa4_rowmax import patching
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
-from fa4_rowmax.stage import compile_check
+from fa4_rowmax.testing import compile_check
 
 ROOT = Path(__file__).resolve().parent.parent
 E4M3 = torch.float8_e4m3fn

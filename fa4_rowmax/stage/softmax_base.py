@@ -90,7 +90,7 @@ def off_mufu(index: int, count: int, beta: float) -> bool:
 # Every inline PTX string of the stages comes from a pure builder marked `@ptx_fragment` that returns an
 # `InlineAsm` (the text and its constraint string); the `dsl_user_op` wrappers only bind operands to it. So
 # the strings the kernels emit can be run without cutlass tracing: tests/test_ptx_fragments.py finds every
-# marked builder in fa4_rowmax/stage/, executes it through fa4_rowmax/stage/ptx_interp.py against the
+# marked builder in fa4_rowmax/stage/, executes it through fa4_rowmax/testing/ptx_interp.py against the
 # closed-form reference, and fails on a builder it has no check for, or on an `inline_asm` call whose text
 # does not come from a builder.
 class InlineAsm(NamedTuple):
