@@ -9,14 +9,21 @@
 
 `--site DIR` picks the directory that holds `flash_attn/` (default: where `import flash_attn` finds it,
 located without importing it). The patches are unified diffs against the pinned flash-attn-4 4.0.0b36;
-another version is refused. Every file is checked before any is written (a dry run of the whole set),
-so a failed apply or revert leaves the install untouched. Pure Python: no `patch` binary needed.
+another version is refused, and so is a site with two flash-attn-4 dist-info directories (which one is
+installed is then undefined). Every file is checked before any is written (a dry run of the whole set),
+and the new files are all written beside the old ones before any is renamed into place, so a failed apply
+or revert (an edited file, a full disk) leaves the install untouched. Pure Python: no `patch` binary needed.
+
+Exit status: 0 done (`check`: every patch applied); 1 `check` only: not every patch applied; 2 error (a
+wrong version, an unrecognised or missing file, a failed write; the install is unchanged) or bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
+import os
 import re
 import shutil
 import sys
@@ -134,13 +141,21 @@ def default_site() -> Path:
 
 def installed_version(site: Path) -> str:
     """Version of flash-attn-4 from its dist-info in `site` (local label such as +rowmax dropped)."""
-    infos = sorted(site.glob(f"{DIST_NAME}-*.dist-info"))
-    if not infos:
+    dists = [
+        d
+        for d in importlib.metadata.distributions(path=[str(site)])
+        if re.sub(r"[-_.]+", "_", d.metadata["Name"] or "").lower() == DIST_NAME
+    ]
+    if not dists:
         raise PatchError(f"no {DIST_NAME}-*.dist-info in {site}: is flash-attn-4 installed there?")
-    for line in (infos[-1] / "METADATA").read_text().splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip().split("+")[0]
-    raise PatchError(f"{infos[-1]}/METADATA has no Version")
+    if len(dists) > 1:
+        # pip would report whichever it finds first: neither version can be trusted to be the installed one.
+        found = ", ".join(sorted(f"{d.metadata['Name']} {d.version}" for d in dists))
+        raise PatchError(
+            f"{len(dists)} flash-attn-4 dist-info directories in {site} ({found}); remove the stale one or "
+            f"reinstall: pip install --force-reinstall --no-deps 'flash-attn-4=={PINNED_VERSION}'"
+        )
+    return dists[0].version.split("+")[0]
 
 
 def check_version(site: Path) -> None:
@@ -156,6 +171,11 @@ def file_states(site: Path, patches: list[FilePatch]) -> dict[str, str]:
     """'stock', 'patched' or 'unknown' for every patched file."""
     states = {}
     for fp in patches:
+        if not (site / fp.path).is_file():
+            raise PatchError(
+                f"{fp.path} is missing from {site}; "
+                f"reinstall: pip install --force-reinstall --no-deps 'flash-attn-4=={PINNED_VERSION}'"
+            )
         text = (site / fp.path).read_text()
         try:
             _apply_hunks(text, fp.hunks, reverse=False, where=fp.path)
@@ -202,11 +222,35 @@ def _transform(site: Path, patches: list[FilePatch], *, reverse: bool, dry_run: 
         base = new_texts.get(target, target.read_text())
         new_texts[target] = _apply_hunks(base, fp.hunks, reverse=reverse, where=f"{fp.source}: {fp.path}")
     if not dry_run:
-        for target, text in new_texts.items():
-            tmp = target.with_suffix(target.suffix + ".fa4_patch.tmp")
-            tmp.write_text(text)
-            tmp.replace(target)
+        _replace_all(new_texts)
     return [str(t.relative_to(site)) for t in new_texts]
+
+
+def _replace_all(new_texts: dict[Path, str]) -> None:
+    """Give every file its new text, or (on any failure) leave every file as it was and no temporary behind.
+
+    Writing needs disk space, renaming does not: every new text is written beside its file first, then each
+    file is renamed aside and its new text renamed in. A failure in either phase renames the old files back.
+    """
+    staged = {target: target.with_name(target.name + ".fa4_patch.new") for target in new_texts}
+    kept = {target: target.with_name(target.name + ".fa4_patch.old") for target in new_texts}
+    moved_aside: list[Path] = []
+    try:
+        for target, text in new_texts.items():
+            staged[target].write_text(text)
+            shutil.copymode(target, staged[target])
+        for target in new_texts:
+            os.replace(target, kept[target])
+            moved_aside.append(target)
+            os.replace(staged[target], target)
+    except BaseException:
+        for target in reversed(moved_aside):
+            os.replace(kept[target], target)
+        for path in staged.values():
+            path.unlink(missing_ok=True)
+        raise
+    for path in kept.values():
+        path.unlink()
 
 
 def apply(site: Path, *, dry_run: bool = False, patches: list[FilePatch] | None = None) -> list[str]:
@@ -264,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("copy needs DEST")
             copy_package(site, args.dest, state=args.state)
             print(f"{args.state} copy of flash_attn in {args.dest} (put it first on PYTHONPATH)")
-    except PatchError as err:
+    except (PatchError, OSError) as err:
         print(f"fa4_patch: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -4,6 +4,7 @@ Also the host-side validation of `softmax_mode` / `rescale_threshold` / `beta` (
 directly and through the patched `flash_attn_func` imported from a patched copy in a subprocess.
 """
 
+import errno
 import hashlib
 import json
 import math
@@ -15,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
 from fa4_rowmax import patched_wheel
 from fa4_rowmax import patching as fa4_patch
 from fa4_rowmax.interface import FEATURE_STOCK_VALUES, LOG2_ROUND_UP, SoftmaxStage, softmax_stage
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PATCHED_FILES = (
     "flash_attn/cute/interface.py",
@@ -87,11 +89,139 @@ def test_edited_file_is_refused_and_nothing_is_written(stock_copy, tmp_path):
 def test_cli_status_check_and_exit_codes(stock_copy, tmp_path):
     site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
     script = [sys.executable, "-m", "fa4_rowmax.patching"]
-    run = lambda *a: subprocess.run(script + list(a) + ["--site", str(site)], capture_output=True, text=True)
+
+    def run(*a):
+        return subprocess.run(script + list(a) + ["--site", str(site)], capture_output=True, text=True)
+
     assert run("check").returncode == 1
     assert "stock" in run("status").stdout
     assert run("apply").returncode == 0 and run("check").returncode == 0
     assert run("revert").returncode == 0 and "stock" in run("status").stdout
+
+
+@pytest.mark.parametrize("command, start", [("apply", "stock"), ("revert", "patched")])
+@pytest.mark.parametrize("fault", ["write", "rename"])
+@pytest.mark.parametrize("faulty", PATCHED_FILES[1:])
+def test_a_failed_write_or_rename_leaves_every_file_as_it_was(
+    stock_copy, tmp_path, monkeypatch, capsys, command, start, fault, faulty
+):
+    """A full disk while the second or third file is written or renamed in: every file keeps its old bytes,
+    no temporary file is left, the CLI exits 2 with a one-line message."""
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state=start)
+    cute_dir = site / "flash_attn/cute"
+    before, names = _digest(site), sorted(p.name for p in cute_dir.iterdir())
+    faulty_name = Path(faulty).name
+    calls = {"n": 0}
+
+    def disk_full():
+        calls["n"] += 1
+        return OSError(errno.ENOSPC, "No space left on device")
+
+    if fault == "rename":
+        real_replace = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            touches = any(Path(x).name.startswith(faulty_name) for x in (src, dst))
+            if touches and calls["n"] == 0:
+                raise disk_full()
+            return real_replace(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, "replace", replace)
+    else:
+        real_write_text = Path.write_text
+
+        def write_text(self, data, *args, **kwargs):
+            if self.parent == cute_dir and self.name.startswith(faulty_name) and calls["n"] == 0:
+                real_write_text(self, data[: len(data) // 2], *args, **kwargs)  # the disk fills mid-file
+                raise disk_full()
+            return real_write_text(self, data, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", write_text)
+    assert fa4_patch.main([command, "--site", str(site)]) == 2
+    assert calls["n"] == 1  # the fault was hit
+    err = capsys.readouterr().err
+    assert err.startswith("fa4_patch: error: ") and "No space left" in err and err.count("\n") == 1, err
+    assert _digest(site) == before
+    assert sorted(p.name for p in cute_dir.iterdir()) == names
+    monkeypatch.undo()
+    assert fa4_patch.status(site) == start
+
+
+_HALF_PATCHED_PROBE = r"""
+import json, torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from fa4_rowmax.interface import is_fa4_patched
+from flash_attn.cute import flash_attn_func
+out = {"is_fa4_patched": is_fa4_patched()}
+with FakeTensorMode():
+    q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
+    try:
+        flash_attn_func(q, q, q, softmax_mode="rowmax_h15")
+        out["call"] = "no error"
+    except Exception as e:
+        out["call"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def test_a_half_patched_fa4_refuses_a_stage_and_is_not_reported_patched(stock_copy, tmp_path):
+    """interface.py patched, both kernel files stock (what a torn apply used to leave): the stage would be
+    ignored by the stock kernel, so the patched interface refuses it before compiling, and is_fa4_patched()
+    says False."""
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    interface_only = [p for p in fa4_patch.load_patches() if p.path == PATCHED_FILES[0]]
+    assert fa4_patch.apply(site, patches=interface_only) == [PATCHED_FILES[0]]
+    assert fa4_patch.status(site) == "mixed"
+    env = dict(
+        os.environ,
+        FLASH_ATTENTION_ARCH="sm_90",
+        CUTE_DSL_ARCH="sm_90a",
+        FLASH_ATTENTION_NUM_SMS="132",
+        PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _HALF_PATCHED_PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["is_fa4_patched"] is False
+    assert out["call"].startswith("RuntimeError: flash_attn.cute.flash_fwd_sm90 has no softmax_stage hook"), out
+
+
+def test_a_deleted_kernel_file_is_exit_2_with_one_line(stock_copy, tmp_path):
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="patched")
+    (site / PATCHED_FILES[2]).unlink()
+    script = [sys.executable, "-m", "fa4_rowmax.patching"]
+    for command in ("status", "check", "apply", "revert"):
+        proc = subprocess.run(script + [command, "--site", str(site)], capture_output=True, text=True)
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "flash_fwd_sm100.py is missing" in proc.stderr, proc.stderr
+    assert not (site / PATCHED_FILES[2]).exists()
+
+
+def test_two_dist_infos_are_refused_not_picked_by_name(stock_copy, tmp_path):
+    """A stale flash_attn_4-4.0.0b4.dist-info sorts after 4.0.0b36's; which one pip sees is undefined, so the
+    tool refuses both rather than trusting either."""
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    (live,) = site.glob("flash_attn_4-*.dist-info")
+    stale = site / "flash_attn_4-4.0.0b4.dist-info"
+    stale.mkdir()
+    (stale / "METADATA").write_text((live / "METADATA").read_text().replace("Version: 4.0.0b36", "Version: 4.0.0b4"))
+    before = _digest(site)
+    with pytest.raises(fa4_patch.PatchError, match=r"2 flash-attn-4 dist-info directories.*4\.0\.0b36.*4\.0\.0b4"):
+        fa4_patch.apply(site)
+    assert _digest(site) == before
+
+
+def test_the_version_is_read_from_the_metadata_not_the_directory_name(stock_copy, tmp_path):
+    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
+    (live,) = site.glob("flash_attn_4-*.dist-info")
+    live.rename(site / "flash_attn_4-4.0.0b36+rowmax.dist-info")
+    assert fa4_patch.installed_version(site) == "4.0.0b36"
+    meta = site / "flash_attn_4-4.0.0b36+rowmax.dist-info" / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 4.0.0b36", "Version: 4.0.0b4"))
+    with pytest.raises(fa4_patch.PatchError, match=r"4\.0\.0b4 is installed"):
+        fa4_patch.apply(site)
 
 
 # --- host-side validation (no kernel) ---------------------------------------------------------------
