@@ -87,6 +87,11 @@ def _check_tensors(q, k, v, rank: int, layout: str):
         )
 
 
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x``, copied when its last dimension is not contiguous (Note [Operand layouts])."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _default_dot_mode(arch: str) -> str:
     """Native MX dots ("scaled") on gfx950 (MI350/MI355) and NVIDIA compute capability >= 10; FP8 dots
     on capability 9.x (Hopper); BF16 dots on exactly dequantized operands elsewhere, the interpreter
@@ -142,6 +147,17 @@ def _check_exp_fold(exp_fold, exact: bool, dot_mode: str) -> None:
             f"exp_fold=True takes the MX dot modes {EXP_FOLD_DOT_MODES}; got "
             f"{'exact=True' if exact else f'dot_mode={dot_mode!r}'}"
         )
+
+
+# Note [Operand layouts]: the kernel takes the token and head strides of q, k and out and steps their head_dim
+# by one element; only v's head_dim stride is passed (the "fp8" dots' V is stored keys-contiguous). So q and k are
+# copied when their last dimension is not contiguous (free otherwise; the MX quantizers read any strides, the exact
+# twin reads q and k directly) and out is allocated contiguous, whatever q's layout (``torch.empty_like`` would copy
+# a transposed q's strides). AITER's override reaches this entry through ``torch.ops.aiter_fused``.
+#
+# Note [Empty inputs]: as FA4's interface does, no query (batch 0, seqlen_q 0, heads_q 0, total_q 0) or no key
+# (seqlen_k 0, total_k 0) returns out 0 and LSE -inf in the shapes of a non-empty call, without a launch, after
+# every argument check (an empty call is not a way around them).
 
 
 def _launch(
@@ -207,9 +223,12 @@ def _launch(
 
     batch = cu_seqlens_q.numel() - 1
     heads_q, heads_k = q.shape[1], k.shape[1]
-    out = torch.empty_like(q)
+    q, k = last_dim_contiguous(q), last_dim_contiguous(k)  # Note [Operand layouts]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(heads_q, q.shape[0], dtype=torch.float32, device=q.device)
     recoveries = torch.zeros(heads_q, q.shape[0], dtype=torch.int32, device=q.device)
+    if out.numel() == 0 or k.shape[0] == 0:  # Note [Empty inputs]
+        return out.zero_(), lse.fill_(-math.inf), recoveries
     operand_format = _operand_format(mx_format, exact, dot_mode)
     if exact:
         q_in, k_in, v_in = q, k, v
@@ -237,8 +256,6 @@ def _launch(
             f"offsets); got {longest_stride} * {tile_n}"
         )
     grid = (triton.cdiv(max_seqlen_q, block_m), batch, heads_q)
-    if q.shape[0] == 0:
-        return out, lse, recoveries
     _fused_softmax_attn_fwd[grid](
         q_in,
         k_in,
@@ -338,8 +355,8 @@ def fused_softmax_attention(
     cu_k = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_k
     out, lse, recoveries = _launch(
         q.reshape(batch * seqlen_q, heads_q, head_dim),
-        k.reshape(batch * seqlen_k, -1, head_dim),
-        v.reshape(batch * seqlen_k, -1, head_dim),
+        k.reshape(batch * seqlen_k, k.shape[2], head_dim),
+        v.reshape(batch * seqlen_k, v.shape[2], head_dim),
         cu_q,
         cu_k,
         seqlen_q,

@@ -306,10 +306,6 @@ def _out_reason(q, v, out) -> Optional[str]:
 # The hooks.
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _aiter_forward_result(out, lse, arguments):
     """AITER's forward contract: (out, softmax_lse, S_dmask, rng_state). softmax_lse is empty unless
     return_lse; S_dmask is empty without dropout; rng_state is two int64 (unused without dropout)."""
@@ -327,7 +323,7 @@ def _aiter_forward_result(out, lse, arguments):
 
 def _run_fused(arguments: dict, varlen: bool):
     fused_format = current_format()
-    q, k, v = (_last_dim_contiguous(arguments[name]) for name in ("q", "k", "v"))
+    q, k, v = arguments["q"], arguments["k"], arguments["v"]  # any layout: Note [Operand layouts] in attention.py
     options = dict(
         causal=bool(arguments["causal"]),
         softmax_scale=arguments["softmax_scale"],
