@@ -28,6 +28,7 @@ from fa4_rowmax.config import FP8_MAX_OFFSET, KERNEL_MODES, LOG2_ROUND_UP
 from fa4_rowmax.stage.softmax_sm90_fp8 import (
     CLAMPS,
     E4M3_MAX,
+    PV_ACCUMULATIONS,
     ROW_SUM_COLUMNS,
     Fp8Stage,
 )
@@ -38,11 +39,13 @@ HEAD_DIMS = (64, 128)
 TILE_NS = (128, 160, 192, 224)
 # Note [MMA row sum at long rows]
 # With row_sum="mma" the row sum is a column of the PV GEMM, summed in Hopper's FP8 accumulator, which keeps
-# about 14 bits and truncates (Note [Row sum by the MMA]): over L keys the sum of positive weights loses up to
-# ceil(L / 32) * 34 * 2^-13 of itself (a worst case that grows with L). On the H200 the shared benchmark's gate
-# failed it at 8K keys non-causal (output error 0.15 exact / 0.25 H15 against fp32 attention, 0.32 at 16K;
-# bench/results/h200_2026-12-01/bench_fp8/), while the GPU tests, whose bounds carry that accumulation term,
-# pass it up to 2,048 keys. So it is refused beyond the tested length, not passed through.
+# about 13 fraction bits and truncates (Note [Row sum by the MMA]). With pv_accumulation="single" the running
+# sum is the accumulator's C operand: over L keys the sum of positive weights loses up to ceil(L / 32) * 34 *
+# 2^-13 of itself, a worst case that grows with L. On the H200 the shared benchmark's gate failed it at 8K keys
+# non-causal (output error 0.15 exact / 0.25 H15 against fp32 attention, 0.32 at 16K), while the GPU tests, whose
+# bounds carry that accumulation term, pass it up to 2,048 keys; so single-level refuses it beyond that length.
+# With pv_accumulation="two_level" the truncation acts on one tile's sum and the tiles add in fp32 (Note
+# [Two-level P.V accumulation]): no length limit.
 MMA_ROW_SUM_MAX_KEYS = 2048  # multiples of 32: the e4m3 wgmma K
 # FA4's varlen arguments this forward takes (with cu_seqlens_q and cu_seqlens_k; Note [Varlen host checks]).
 VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
@@ -208,6 +211,7 @@ def resolve_stage(
     row_sum: str = "fadd",
     rescale_vote: bool = False,
     clamp: str = "max",
+    pv_accumulation: str = "two_level",
 ) -> Fp8Stage:
     if softmax_mode not in SOFTMAX_MODES:
         raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
@@ -245,6 +249,14 @@ def resolve_stage(
         raise ValueError(f"clamp must be one of {CLAMPS}, got {clamp!r}")
     if clamp == "sat" and (softmax_mode != "rowmax_h15" or anchor_rounding != "exact"):
         raise ValueError("clamp='sat' applies to softmax_mode='rowmax_h15' with anchor_rounding='exact' only")
+    if pv_accumulation not in PV_ACCUMULATIONS:
+        raise ValueError(f"pv_accumulation must be one of {PV_ACCUMULATIONS}, got {pv_accumulation!r}")
+    if rescale_vote and pv_accumulation == "two_level":
+        raise ValueError(
+            "rescale_vote=True applies to pv_accumulation='single' only: two-level accumulation promotes every "
+            "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
+            "accumulation])"
+        )
     return Fp8Stage(
         mode=softmax_mode,
         rescale_threshold=threshold,
@@ -255,6 +267,7 @@ def resolve_stage(
         row_sum=row_sum,
         rescale_vote=rescale_vote,
         clamp=clamp,
+        pv_accumulation=pv_accumulation,
     )
 
 
@@ -323,6 +336,7 @@ def flash_attn_fp8_sm90(
     row_sum: str = "fadd",
     rescale_vote: bool = False,
     clamp: str = "max",
+    pv_accumulation: str = "two_level",
     exp2_deleted: bool = False,
     tile_n: int = 128,
     cu_seqlens_q: torch.Tensor | None = None,
@@ -340,7 +354,10 @@ def flash_attn_fp8_sm90(
     - `row_sum="mma"` (Note [Row sum by the MMA]);
     - `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]);
     - `clamp="sat"` (rowmax_h15, exact anchor: Note [Clamp by saturation]; same values, one op less);
-    - `tile_n` (keys per tile, a multiple of 32; 192 was the fastest measured on the H200).
+    - `tile_n` (keys per tile, a multiple of 32; 192 was the fastest measured on the H200);
+    - `pv_accumulation` ("two_level": each tile's P V in a fresh accumulator, added into fp32 O, accurate at any
+      length; "single": O is the FP8 MMA's accumulator, whose truncation grows O's error with the key count;
+      Note [Two-level P.V accumulation]).
     `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
 
     Varlen (keyword-only, module docstring): `cu_seqlens_q`, `cu_seqlens_k` (int32, batch + 1), `seqused_q`,
@@ -392,15 +409,25 @@ def flash_attn_fp8_sm90(
     ]
     has_descale = any(d is not None for d in descales)
     stage = resolve_stage(
-        softmax_mode, rescale_threshold, beta, has_descale, exp2_deleted, anchor_rounding, row_sum, rescale_vote, clamp
+        softmax_mode,
+        rescale_threshold,
+        beta,
+        has_descale,
+        exp2_deleted,
+        anchor_rounding,
+        row_sum,
+        rescale_vote,
+        clamp,
+        pv_accumulation,
     )
     if tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
-    if stage.row_sum == "mma" and total_k > MMA_ROW_SUM_MAX_KEYS:
+    if stage.row_sum == "mma" and stage.pv_accumulation == "single" and total_k > MMA_ROW_SUM_MAX_KEYS:
         what = "total_k (varlen: the bound on every sequence's keys)" if varlen else "seqlen_k"
         raise ValueError(
-            f"row_sum='mma' is accepted for {what} <= {MMA_ROW_SUM_MAX_KEYS} only "
-            f"(Note [MMA row sum at long rows]); got {what.split()[0]} {total_k}: use row_sum='fadd'"
+            f"row_sum='mma' with pv_accumulation='single' is accepted for {what} <= {MMA_ROW_SUM_MAX_KEYS} only "
+            f"(Note [MMA row sum at long rows]); got {what.split()[0]} {total_k}: use row_sum='fadd' or "
+            "pv_accumulation='two_level'"
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)

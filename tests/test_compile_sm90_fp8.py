@@ -46,14 +46,23 @@ with FakeTensorMode():
     flash_attn_fp8_sm90(q, k, k, causal=True, **kw)
 """
 
+SINGLE = dict(pv_accumulation="single")
 CONFIGS = {
-    "exact": dict(softmax_mode="exact"),
-    "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
-    "h15": dict(softmax_mode="rowmax_h15"),
-    "h15_fold_n192_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"),
-    "h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
-    "exact_n192_beta0.25_mma": dict(softmax_mode="exact", tile_n=192, beta=0.25, row_sum="mma"),
+    "exact": dict(softmax_mode="exact", **SINGLE),
+    "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True, **SINGLE),
+    "h15": dict(softmax_mode="rowmax_h15", **SINGLE),
+    "h15_fold_n192_mma": dict(
+        softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma", **SINGLE
+    ),
+    "h15_sat_n192_mma": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma", **SINGLE),
+    "exact_n192_beta0.25_mma": dict(softmax_mode="exact", tile_n=192, beta=0.25, row_sum="mma", **SINGLE),
+    # Two-level accumulation (the default; Note [Two-level P.V accumulation]) beside its single-level twins.
+    "exact_two_level": dict(softmax_mode="exact"),
+    "h15_two_level": dict(softmax_mode="rowmax_h15"),
+    "h15_sat_two_level_mma": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma"),
 }
+# Twins that differ only in pv_accumulation.
+TWO_LEVEL_TWINS = {"exact_two_level": "exact", "h15_two_level": "h15"}
 
 
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
@@ -162,3 +171,27 @@ def test_clamp_by_saturation_drops_the_clamp(compiled):
     assert not any(op == "FMNMX" or (op.startswith("FMNMX.") and ".NAN" not in op) for op in ops), ops
     _, fold_ops = compiled["h15_fold_n192_mma"]
     assert _count(fold_ops, "FMNMX") - _count(ops, "FMNMX") == SITES * _per_thread(kwargs)
+
+
+def _o_per_thread(kwargs) -> int:
+    """O accumulator elements per thread: 64 rows x (head_dim + row-sum columns) over a warpgroup's 128 threads."""
+    return (128 + (8 if kwargs.get("row_sum") == "mma" else 0)) // 2
+
+
+@pytest.mark.parametrize("name", sorted(TWO_LEVEL_TWINS))
+def test_two_level_promotes_by_one_ffma_per_o_element(compiled, name):
+    """Note [Two-level P.V accumulation]: each of the SITES P V GEMMs (two overlapped steps and the last block) is
+    promoted by one FFMA per O element; the rescale FMUL of the overlapped steps is gone (finalize keeps its own)."""
+    kwargs, ops = compiled[name]
+    _, single = compiled[TWO_LEVEL_TWINS[name]]
+    o = _o_per_thread(kwargs)
+    assert _count(ops, "FFMA") - _count(single, "FFMA") == SITES * o
+    assert _count(single, "FMUL") - _count(ops, "FMUL") == (SITES - 1) * o
+    assert _count(ops, "QGMMA") == _count(single, "QGMMA")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kw in CONFIGS.items() if kw.get("tile_n", 128) == 128))
+def test_no_local_memory_at_tile_128(compiled, name):
+    """The default tile keeps every accumulator in registers, two-level's second O included: no spill (STL / LDL)."""
+    _, ops = compiled[name]
+    assert _count(ops, "STL") == 0 and _count(ops, "LDL") == 0, {op: n for op, n in ops.items() if "L" in op[:3]}

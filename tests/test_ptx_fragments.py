@@ -393,6 +393,17 @@ def check_add_keep_denormals(ex2: Ex2Model) -> None:
     )
 
 
+def check_promote_o(ex2: Ex2Model) -> None:
+    """O * c + acc rounded once (Note [Two-level P.V accumulation]): O and acc of any sign and size, factors c in
+    (0, 1] as the rescale gives them (1 exactly, tiny ones, denormal products), and special values."""
+    rng = np.random.default_rng(5)
+    o = np.concatenate([_random_f32(rng, 6_000), SPECIALS])
+    c = np.concatenate([np.exp2(-rng.uniform(0, 140, o.size - 4)).astype(np.float32), np.float32([1, 1, 0, 2**-149])])
+    acc = np.roll(o, 7) * np.float32(0.5)
+    (out,) = run(*_fragment("promote_o_asm"), o, c, acc, ex2=ex2)
+    _assert_same_bits(out, _exact_fma(o, c, acc), [o, c, acc], "promote_o_asm")
+
+
 def _e4m3_bytes_ref(x: np.ndarray) -> np.ndarray:
     """torch's float8_e4m3fn (nearest even) of x saturated to +-448; NaN 0x7F."""
     clamped = torch.from_numpy(np.clip(np.nan_to_num(x, nan=0.0), -448.0, 448.0).astype(np.float32))
@@ -450,6 +461,7 @@ FRAGMENT_CHECKS = {
     "add_keep_denormals_asm": check_add_keep_denormals,
     "pack_e4m3_cvt_asm": check_pack_e4m3_cvt,
     "pack_h15_bytes_asm": check_pack_h15_bytes,
+    "promote_o_asm": check_promote_o,
 }
 USES_EX2 = {"h15_mufu_asm", "h15_folded_mufu_asm", "pot_mufu_asm"}
 
@@ -576,6 +588,8 @@ MUTANTS = {
     "fp8 sum: shift 22 -> 21": ("h15_fp8_sum_add_asm", "shl.b32 b, $2, 22", "shl.b32 b, $2, 21"),
     "fp8 sum: .rn -> .rp": ("h15_fp8_sum_add_asm", "add.rn.f32", "add.rp.f32"),
     "add without ftz: .rn -> .rz": ("add_keep_denormals_asm", "add.rn.f32", "add.rz.f32"),
+    "promote: .rn -> .rz": ("promote_o_asm", "fma.rn.f32", "fma.rz.f32"),
+    "promote: scale and acc swapped": ("promote_o_asm", "$1, $2, $3", "$1, $3, $2"),
     "e4m3 cvt: bytes of a pair swapped": ("pack_e4m3_cvt_asm", "lo, $2, $1", "lo, $1, $2"),
     "e4m3 cvt: halves swapped": ("pack_e4m3_cvt_asm", "{lo, hi}", "{hi, lo}"),
     "h15 bytes: shift 2 -> 3": ("pack_h15_bytes_asm", "shl.b32 $0, w, 2", "shl.b32 $0, w, 3"),

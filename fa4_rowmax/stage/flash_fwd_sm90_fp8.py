@@ -92,6 +92,22 @@ class SeqlenInfoQKVt(SeqlenInfoQK):
         return super().offset_batch_K(mK, batch_idx, dim, padded=padded, ragged=ragged, multiple=multiple)
 
 
+def pv_gemm_fresh(mma_pv_fn: partial, B_idx: Int32, wg_wait: int) -> cute.Tensor:
+    """FA4's PV GEMM into a fresh accumulator of O's layout (zero_init: scale-d 0 on the first k32 step), returned.
+
+    `mma_pv_fn` is FA4's `partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt)` (its `mma`), possibly
+    wrapped in another partial that sets zero_init; the seam checks that shape at trace time."""
+    if mma_pv_fn.func is not sm90_utils.gemm_w_idx or len(mma_pv_fn.args) != 4:
+        raise TypeError(
+            "FA4's mma_pv_fn is no longer partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt): the "
+            "two-level accumulation seam (Note [Two-level P.V accumulation]) must be ported"
+        )
+    tiled_mma_pv, acc_O, tOrP, tOrVt = mma_pv_fn.args
+    acc_PV = cute.make_rmem_tensor_like(acc_O, Float32)
+    sm90_utils.gemm_w_idx(tiled_mma_pv, acc_PV, tOrP, tOrVt, zero_init=True, B_idx=B_idx, wg_wait=wg_wait)
+    return acc_PV
+
+
 class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
     """FA4's SM90 forward with e4m3 operands; `softmax_stage` is an `Fp8Stage` (mode, threshold, probes)."""
 
@@ -127,6 +143,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         )
         self.operand_dtype = OPERAND_DTYPE
         self.softmax_stage = stage
+        self.two_level = stage.pv_accumulation == "two_level"
         # FA4 pads head_dim_v to a multiple of 16; wgmma N only needs a multiple of 8, and V^T and O hold
         # exactly head_dim_v columns, so no head-dim predication either.
         self.tile_hdimv = head_dim_v
@@ -175,10 +192,12 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         return tiled_mma_qk, tiled_mma_pv
 
     def _get_shared_storage_cls(self):
-        # FA4 rescales O before the PV GEMM when head_dim_v > 128 (register pressure at head dim 192/256);
-        # the 8 row-sum columns of Note [Row sum by the MMA] do not need it, and the overlapped step here
-        # rescales after the GEMM. Set here, after FA4's __call__ chose it and before mma() reads it.
-        self.rescale_O_before_gemm = False
+        # FA4 rescales O before the PV GEMM when head_dim_v > 128 (register pressure at head dim 192/256); the 8
+        # row-sum columns of Note [Row sum by the MMA] do not need it. Single-level accumulation rescales after
+        # the GEMM; two-level keeps O one tile behind with FA4's bookkeeping of that mode (the pending factor in
+        # `scores_scale`, O zeroed by the first block: Note [Two-level P.V accumulation] in softmax_sm90_fp8.py).
+        # Set here, after FA4's __call__ chose it and before mma() reads it.
+        self.rescale_O_before_gemm = self.two_level
         # Note [V^T in shared memory]: V's K-major layout, set before FA4 builds the storage and V's TMA atom.
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
@@ -299,8 +318,11 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         acc_S = mma_qk_fn(B_idx=kv_consumer_state.index, wg_wait=0)
         pipeline_k.consumer_release(kv_consumer_state)
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-        softmax.online_softmax(acc_S, is_first=is_first_block)
+        row_scale = softmax.online_softmax(acc_S, is_first=is_first_block)
         softmax.write_p(acc_S, tOrP)
+        if const_expr(self.two_level):
+            acc_O.fill(0.0)
+            scores_scale.store(row_scale.load())
         return kv_consumer_state
 
     @cute.jit
@@ -314,10 +336,18 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         softmax: Optional[Fp8SoftmaxSm90] = None,
         acc_O: Optional[cute.Tensor] = None,
     ):
-        """FA4's last PV GEMM; then the row sums come out of O's extra column (Note [Row sum by the MMA])."""
-        kv_consumer_state = super().last_half_block_overlap(
-            kv_consumer_state, pipeline_v, mma_pv_fn, zero_init, scores_scale, softmax, acc_O
-        )
+        """FA4's last PV GEMM (two-level: into a fresh accumulator, then promoted); then the row sums come out of O's
+        extra column (Note [Row sum by the MMA])."""
+        if const_expr(self.two_level):
+            pipeline_v.consumer_wait(kv_consumer_state, pipeline_v.consumer_try_wait(kv_consumer_state))
+            acc_PV = pv_gemm_fresh(mma_pv_fn, B_idx=kv_consumer_state.index, wg_wait=0)
+            pipeline_v.consumer_release(kv_consumer_state)
+            kv_consumer_state.advance()
+            softmax.promote_O(acc_O, acc_PV, scores_scale)
+        else:
+            kv_consumer_state = super().last_half_block_overlap(
+                kv_consumer_state, pipeline_v, mma_pv_fn, zero_init, scores_scale, softmax, acc_O
+            )
         if const_expr(softmax.row_sum_by_mma):
             softmax.row_sum_from_acc_O(acc_O)
         return kv_consumer_state
@@ -341,15 +371,20 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         mask_fn: Optional[Callable] = None,
         check_inf: cutlass.Constexpr = True,
     ):
-        """FA4's overlapped step (S = QK^T of this block while O += P V of the previous one), with the
-        e4m3 P operand written by the softmax stage."""
+        """FA4's overlapped step (S = QK^T of this block while the previous block's P V runs), with the e4m3 P
+        operand written by the softmax stage. Single-level: O += P V in the GEMM, then O rescaled; two-level: P V
+        into a fresh accumulator, promoted into O by one FFMA with the pending factor (Note [Two-level P.V
+        accumulation] in softmax_sm90_fp8.py)."""
         smem_pipe_read_v = smem_pipe_read.clone()
         smem_pipe_read.advance()
         pipeline_k.consumer_wait(smem_pipe_read, pipeline_k.consumer_try_wait(smem_pipe_read))
         self.warp_scheduler_barrier_sync()
         acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
         pipeline_v.consumer_wait(smem_pipe_read_v, pipeline_v.consumer_try_wait(smem_pipe_read_v))
-        mma_pv_fn(B_idx=smem_pipe_read_v.index, wg_wait=-1)
+        if const_expr(self.two_level):
+            acc_PV = pv_gemm_fresh(mma_pv_fn, B_idx=smem_pipe_read_v.index, wg_wait=-1)
+        else:
+            mma_pv_fn(B_idx=smem_pipe_read_v.index, wg_wait=-1)
         self.warp_scheduler_barrier_arrive()
         warpgroup.wait_group(1)
         pipeline_k.consumer_release(smem_pipe_read)
@@ -359,5 +394,9 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(smem_pipe_read_v)
         softmax.write_p(acc_S, tOrP)
-        softmax.rescale_O(acc_O, row_scale)
+        if const_expr(self.two_level):
+            softmax.promote_O(acc_O, acc_PV, scores_scale)
+            scores_scale.store(row_scale.load())
+        else:
+            softmax.rescale_O(acc_O, row_scale)
         return smem_pipe_read

@@ -261,6 +261,37 @@ def pack_h15_bytes(r0: Float32, r1: Float32, r2: Float32, r3: Float32, *, loc=No
 # 2^-120: it adds P's values, not fp32 bits) and the FP8 MMA's accumulation.
 ROW_SUM_COLUMNS = 8
 
+# Note [Two-level P.V accumulation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Hopper's e4m3 wgmma accumulates in about 13 fraction bits and truncates (Note [Hopper FP8 accumulation],
+# gates/tolerances.py). FA4's loop passes the running O as the PV GEMM's C operand, so every tile's P.V is added
+# into O at that precision: once O is large (long rows, V of nonzero mean, diffuse attention) each tile loses its
+# low bits against O, and O's error grows with the key count (2 % at 2K keys, 76 % at 128K on the H200 with
+# V ~ N(1, 1): docs/fp8_sm90.md). With pv_accumulation="two_level" each tile's P.V goes into a fresh accumulator
+# (scale-d 0 on its first k32 step, so the truncation acts on one tile's sum of tile_n products) and is promoted
+# into the fp32 O on the CUDA cores by one FFMA per element, O = O * c + acc (`promote_O`). The kernel keeps O one
+# tile behind: O holds the tiles before the one in flight relative to *their* max, and c is the factor from that
+# max to the tile's (FA4's rescale_O_before_gemm bookkeeping: the factor waits in `scores_scale` for the next
+# promotion), so the FFMA replaces the rescale FMUL and the rescale is never skipped (rescale_vote does not
+# apply). With row_sum="mma" the row-sum column is promoted the same way, so the row sum is an fp32 sum of
+# per-tile sums. The price is registers: a second accumulator of O's size lives from the PV GEMM's issue to its
+# promotion, beside S of the next tile.
+PV_ACCUMULATIONS = ("two_level", "single")
+
+
+@ptx_fragment
+def promote_o_asm() -> InlineAsm:
+    """$1 * $2 + $3 rounded once (Note [Two-level P.V accumulation])."""
+    return InlineAsm("fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f")
+
+
+@dsl_user_op
+def promote_o(o: Float32, scale: Float32, acc: Float32, *, loc=None, ip=None) -> Float32:
+    """o * scale + acc by one FFMA (Note [Two-level P.V accumulation])."""
+    args = [Float32(a) for a in (o, scale, acc)]
+    return Float32(_asm(promote_o_asm(), T.f32(), *args, loc=loc, ip=ip))
+
+
 # Note [Warp-vote rescale skip on FP8]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # As on SM90 BF16 (Note [Warp-vote rescale skip], softmax_sm90.py): with rescale_vote=True a warp skips its
@@ -472,6 +503,16 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
                 Softmax.rescale_O(self, acc_O, row_scale)
 
     @cute.jit
+    def promote_O(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_scale: cute.Tensor) -> None:
+        """acc_O = acc_O * row_scale + acc_PV per element, one FFMA each (Note [Two-level P.V accumulation])."""
+        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+        acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
+        assert cute.size(row_scale) == cute.size(acc_O_mn, mode=[0])
+        for r in cutlass.range(cute.size(row_scale), unroll_full=True):
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = promote_o(acc_O_mn[r, c], row_scale[r], acc_PV_mn[r, c])
+
+    @cute.jit
     def row_sum_from_acc_O(self, acc_O: cute.Tensor) -> None:
         """Note [Row sum by the MMA]: this lane's share of each row sum, after the last PV GEMM (finalize adds
         the quad). The ROW_SUM_COLUMNS = 8 extra columns are the last local pair, 2 * (head_dim // 8) and its
@@ -535,6 +576,7 @@ class Fp8Stage:
     row_sum: str = "fadd"
     rescale_vote: bool = False
     clamp: str = "max"
+    pv_accumulation: str = "single"  # Note [Two-level P.V accumulation]; read by the kernel, not the softmax
 
     def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
         return Fp8SoftmaxSm90.from_stock(
