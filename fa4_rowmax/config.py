@@ -29,6 +29,11 @@ ANCHOR_ROUNDINGS = ("exact", "half_octave")
 # which GEMMs it applies to, and the largest number of fraction bits it keeps (fp32's).
 ACCUMULATOR_GEMMS = ("qk_pv", "qk", "pv")
 ACCUMULATOR_MAX_BITS = 23
+# How the emulated P V accumulator reaches O (Note [Two-level P V accumulation]): "none", O is the wgmma's
+# accumulator input on every tile (single-level); "tile", a fresh accumulator per KV tile promoted into the fp32 O
+# by one FFMA (two-level). The SM90 FP8 forward's `pv_accumulation` values, in the same order.
+ACCUMULATOR_PROMOTIONS = ("none", "tile")
+PV_ACCUMULATIONS = ("single", "two_level")
 # Modes whose max is FA4's running max, so that a whole-row anchor is a meaningful control.
 ANCHORED_MODES = ("exact", "rowmax_pot", "rowmax_h15")
 P_DTYPES = (
@@ -103,6 +108,7 @@ class SoftmaxConfig:
     anchor_rounding: str = "exact"
     accumulator_mantissa_bits: Optional[int] = None
     accumulator_gemms: str = "qk_pv"
+    accumulator_promotion: str = "none"
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, SOFTMAX_MODES)
@@ -139,6 +145,16 @@ class SoftmaxConfig:
                     f"not mode={self.mode!r} (accepted there: None)"
                 )
         _check_choice("accumulator_gemms", self.accumulator_gemms, ACCUMULATOR_GEMMS)
+        _check_choice("accumulator_promotion", self.accumulator_promotion, ACCUMULATOR_PROMOTIONS)
+        if self.accumulator_promotion != "none" and (
+            self.accumulator_mantissa_bits is None or self.accumulator_gemms == "qk"
+        ):
+            raise ValueError(
+                f"SoftmaxConfig.accumulator_promotion={self.accumulator_promotion!r} applies to the emulated P V "
+                f"accumulator (accumulator_mantissa_bits set, accumulator_gemms 'qk_pv' or 'pv'), not "
+                f"accumulator_mantissa_bits={self.accumulator_mantissa_bits!r} with "
+                f"accumulator_gemms={self.accumulator_gemms!r} (accepted there: 'none')"
+            )
         if self.mode == "rowmax_h15" and self.p_dtype in _FP8_P_DTYPES:
             bound = math.log2(torch.finfo(self.p_dtype).max)
             if self.max_offset + self.rescale_threshold + H15_LOG2_ROUND_UP >= bound:

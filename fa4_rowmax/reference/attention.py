@@ -133,9 +133,11 @@ class _Problem:
     # A float, or (batch, heads_k, 1, 1) in the compute dtype when descales fold in (Note [FP8 inputs and descales]).
     scale_log2: "float | torch.Tensor"
     # Note [Emulated FP8 MMA accumulator]: fraction bits of Q K^T's and P V's accumulators (None: fp32 GEMMs),
-    # and the smallest normal exponents of the FP8 operands (q/k/v's dtype, P's dtype).
+    # how P V's reaches O (SoftmaxConfig.accumulator_promotion), and the smallest normal exponents of the FP8
+    # operands (q/k/v's dtype, P's dtype).
     qk_bits: Optional[int] = None
     pv_bits: Optional[int] = None
+    pv_promotion: str = "none"
     input_min_exponent: int = 0
     p_min_exponent: int = 0
 
@@ -399,9 +401,11 @@ def _accumulate_pv(problem: _Problem, tile: _Tile, p: torch.Tensor, acc: torch.T
     v = problem.v[:, :, tile.key_start : tile.key_end]
     target = acc[:, :, :, tile.row_start :]
     if problem.pv_bits is not None:
-        # O is the wgmma's accumulator input, scaled first (Note [Emulated FP8 MMA accumulator]).
         shape = (batch, heads_k, group * rows_in_tile)
-        c = target.mul_(acc_scale[..., None]).reshape(*shape, -1)
+        two_level = problem.pv_promotion == "tile"
+        # Note [Emulated FP8 MMA accumulator]: single-level, O is the wgmma's accumulator input, scaled first;
+        # two-level, the tile starts from 0 and is promoted by one FFMA (Note [Two-level P V accumulation]).
+        c = None if two_level else target.mul_(acc_scale[..., None]).reshape(*shape, -1)
         out = mma_accumulator.emulated_matmul(
             p.reshape(*shape, keys),
             v.transpose(-1, -2),
@@ -409,8 +413,12 @@ def _accumulate_pv(problem: _Problem, tile: _Tile, p: torch.Tensor, acc: torch.T
             problem.p_min_exponent,
             problem.input_min_exponent,
             c=c,
-        )
-        target.copy_(out.view(target.shape))
+        ).view(target.shape)
+        if two_level and target.dtype == torch.float32:
+            out = mma_accumulator.fma_fp32(target, acc_scale[..., None], out)
+        elif two_level:  # the fp64 control keeps its own precision for the promotion
+            out = torch.addcmul(out.to(target.dtype), target, acc_scale[..., None])
+        target.copy_(out)
         return
     pv = torch.matmul(p.reshape(batch, heads_k, group * rows_in_tile, keys), v)
     target.mul_(acc_scale[..., None]).add_(pv.view(batch, heads_k, group, rows_in_tile, -1))
@@ -675,6 +683,7 @@ def _set_accumulator(problem: _Problem, config: SoftmaxConfig, input_dtype: torc
         )
     problem.qk_bits = bits if config.accumulator_gemms in ("qk_pv", "qk") else None
     problem.pv_bits = bits if pv else None
+    problem.pv_promotion = config.accumulator_promotion
     problem.input_min_exponent = mma_accumulator.min_normal_exponent(input_dtype)
     if pv:
         problem.p_min_exponent = mma_accumulator.min_normal_exponent(p_dtype)

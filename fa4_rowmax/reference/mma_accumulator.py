@@ -19,9 +19,13 @@ result as its accumulator input c (the first c is 0). One of them computes, per 
   grid, the truncation then being RZ instead of the GEMM's RN).
 Every loss is toward zero, against its term's sign: a sum of mostly same-sign products (a score riding on a
 large row-constant offset) loses several units of 2^(E - b) in one direction per wgmma.
-The P V GEMM's accumulator is O itself, carried over the KV tiles: before each tile the reference scales O by
-the rescale factor in fp32 (the kernel's register multiply), and that O is the c of the tile's first wgmma. The
-keys of a tile enter in blocks of 32 in key order (the kernel's V^T permutes keys only inside 16-key groups,
+The P V GEMM's accumulation, `SoftmaxConfig.accumulator_promotion` (Note [Two-level P V accumulation] below):
+- "none" (single-level; FA3-FP8's and the SM90 FP8 forward's `pv_accumulation="single"`): the accumulator is O
+  itself, carried over the KV tiles: before each tile the reference scales O by the rescale factor in fp32 (the
+  kernel's register multiply), and that O is the c of the tile's first wgmma.
+- "tile" (two-level; `pv_accumulation="two_level"`): each tile's P V starts from c = 0 and is promoted into O
+  by one fp32 FFMA, O = fma(O, c_t, acc_t), with c_t the tile's rescale factor.
+The keys of a tile enter in blocks of 32 in key order (the kernel's V^T permutes keys only inside 16-key groups,
 Note [FP8 A operand from the S accumulator], so each block of 32 holds the same keys, and the sum of truncated
 terms does not depend on their order). The row sum is untouched: the study's kernels add it in fp32 FADDs
 (`row_sum="fadd"`; `row_sum="mma"`, the sum by the PV GEMM, is not modelled here).
@@ -29,9 +33,30 @@ What this is not: a bit-exact replica of the kernel. The kernel's scores then go
 reference multiplies and adds, and the model's own fidelity is MMA-Sim's (its authors' validation against
 hardware; not checked here on the H200). Values below 2^-100 (a product or c) are outside the emulation: the
 scale factors are built as fp32 powers of two.
+
+Note [Two-level P V accumulation]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Single-level feeds the running O back as the wgmma's c on every k-block, so O's own exponent sets the alignment
+grid 2^(E - 13) of every later product: once O is large (long rows, V of nonzero mean, diffuse attention) a
+tile's products fall below the grid and are truncated away, and the error grows with the row. Two-level
+(vllm-project/flash-attention PR 104; SageAttention2's `RO_temp`; CUTLASS's `GmmaFP8Accumulation`) gives each
+KV tile a fresh accumulator (the wgmma's scale-d = 0 on its first k-step), so the truncation acts on that
+tile's partial sums only, and adds the tile's result into the fp32 O on the CUDA cores. The SM90 FP8 forward
+keeps O relative to the previous tile's max and applies the tile's factor at the promotion: O = fma(O, c_t,
+acc_t), one FFMA per element, rounded once. `fma_fp32` computes it correctly rounded: the product of two fp32
+values is exact in fp64, the fp64 sum s rounds once, and TwoSum gives that rounding's error r exactly. Rounding
+s to fp32 is the FFMA's result except where s lies exactly on a midpoint of the fp32 grid (25 significant bits)
+and r != 0 (the double rounding case: the exact sum is off the midpoint, on r's side); there s moves one fp64
+ulp toward r first, which puts it strictly on the right side of the midpoint and crosses no other (an fp64
+neighbour of a 25-bit value is never itself an fp32 midpoint). So the emulated FFMA equals the hardware's
+bit for bit, subnormals included (tests/test_mma_accumulator.py checks it against exact rationals, double
+rounding cases included). A plain fp64 evaluation rounded to fp32 would be off by one fp32 ulp in those cases
+only: where the exact sum needs more than 53 bits (operands of far apart magnitudes) and rounds onto a midpoint.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -123,6 +148,20 @@ def emulated_matmul(
         for rs in _row_chunks(rows, lead_size * cols * (ks.stop - ks.start)):
             acc[..., rs, :] = _wgmma_step(a[..., rs, ks], b_k, acc[..., rs, :], ea[..., rs, ks], eb_k, bits)
     return acc
+
+
+def fma_fp32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 a * b + c rounded once to nearest even, as an FFMA does (Note [Two-level P V accumulation]); a, b, c
+    fp32 (broadcast), the result fp32."""
+    product = a.double() * b.double()  # exact: 24 + 24 significant bits
+    addend = c.double()
+    total = product + addend
+    # TwoSum: the fp64 sum's rounding error, exactly.
+    addend_part = total - product
+    error = (product - (total - addend_part)) + (addend - addend_part)
+    on_midpoint = (truncate_to_bits(total, 24) == total) & (total.float().double() != total) & (error != 0)
+    toward = torch.where(error > 0, math.inf, -math.inf).to(total.dtype)
+    return torch.where(on_midpoint, torch.nextafter(total, toward), total).float()
 
 
 def min_normal_exponent(dtype: torch.dtype) -> int:
