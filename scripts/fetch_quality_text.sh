@@ -1,9 +1,9 @@
 #!/bin/bash
-# Fetch the English text the quality study (bench/quality.py) measures perplexity on: the reStructuredText
+# Fetch the English text the quality study (bench/quality/) measures perplexity on: the reStructuredText
 # sources of the Python 3.11 documentation, from Debian's python3.11-doc package. Nothing is installed:
 # `apt-get download` fetches the .deb and `dpkg-deb -x` unpacks it into an ignored cache folder.
 #   bash scripts/fetch_quality_text.sh [CACHE_DIR]      (default: .cache/quality_text)
-# The study pins the joined text by its SHA-256 (bench/quality_text.py), so a new Debian revision whose
+# The study pins the joined text by its SHA-256 (bench/quality/text.py), so a new Debian revision whose
 # text differs is caught there, not here.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

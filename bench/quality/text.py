@@ -4,7 +4,7 @@ Two texts (`--text`), each fetched into an ignored cache folder; nothing here do
 - `python-doc` (the default): the reStructuredText source of the Python 3.11 documentation (tutorial,
   howto, faq, reference: 57 files) from Debian's `python3.11-doc`, by `scripts/fetch_quality_text.sh`.
 - `austen`: Jane Austen's six novels from Debian's `r-cran-janeaustenr`, extracted and joined by
-  `bench.quality_assets` (`bash scripts/fetch_quality_models.sh --text`) into one `austen.txt`: real
+  `assets.py` (`bash scripts/fetch_quality_models.sh --text`) into one `austen.txt`: real
   prose, closer to the paper's WikiText than documentation.
 
 Note [Pinning the text]
@@ -22,16 +22,16 @@ from pathlib import Path
 
 import torch
 
-from bench import quality_assets
+from bench.quality import assets
 
-DEFAULT_TEXT_DIR = Path(__file__).resolve().parent.parent / ".cache" / "quality_text"
+DEFAULT_TEXT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "quality_text"
 # SHA-256 of the joined text of python3.11-doc 3.11.2-6+deb12u8 (see Note [Pinning the text]).
 PINNED_TEXT_SHA256 = "8b10d7781bae2c1b161d423a28696bc2c02d4bc131899c12cb95a2eb5eed579c"
 FETCH_HINT = "bash scripts/fetch_quality_text.sh"
 
 TEXTS = ("python-doc", "austen")
 DEFAULT_TEXT = "python-doc"
-AUSTEN_TEXT_DIR = quality_assets.DEFAULT_CACHE / quality_assets.AUSTEN_DIR
+AUSTEN_TEXT_DIR = assets.DEFAULT_CACHE / assets.AUSTEN_DIR
 AUSTEN_FETCH_HINT = "bash scripts/fetch_quality_models.sh --text"
 
 
@@ -53,7 +53,7 @@ def load_text(
     """The text `name` from `text_dir` (default: its cache folder), its SHA-256 checked against the pin.
 
     python-doc: the documentation files joined (sorted by path, separated by a blank line); austen: the one
-    `austen.txt` that `bench.quality_assets` wrote (already joined)."""
+    `austen.txt` that `assets.py` wrote (already joined)."""
     if name not in TEXTS:
         raise ValueError(f"text must be one of {TEXTS}, got {name!r}")
     text_dir = Path(text_dir) if text_dir is not None else default_text_dir(name)
@@ -82,15 +82,15 @@ def load_text(
 
 
 def _load_austen(text_dir: Path, allow_text_change: bool) -> QualityText:
-    path, source_file = text_dir / quality_assets.AUSTEN_FILE, text_dir / "SOURCE"
+    path, source_file = text_dir / assets.AUSTEN_FILE, text_dir / "SOURCE"
     if not (path.is_file() and source_file.is_file()):
         raise FileNotFoundError(f"text_dir={str(text_dir)!r} holds no extracted Austen text; run `{AUSTEN_FETCH_HINT}`")
     text = path.read_text(encoding="utf-8")
     sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    if sha256 != quality_assets.AUSTEN_TEXT_SHA256 and not allow_text_change:
+    if sha256 != assets.AUSTEN_TEXT_SHA256 and not allow_text_change:
         raise ValueError(
             f"text_dir={str(text_dir)!r}: {path.name} has SHA-256 {sha256}, not the pinned "
-            f"{quality_assets.AUSTEN_TEXT_SHA256}; results would not be comparable. Pass allow_text_change=True "
+            f"{assets.AUSTEN_TEXT_SHA256}; results would not be comparable. Pass allow_text_change=True "
             "(--allow-text-change) to measure it anyway; the hash is recorded."
         )
     return QualityText(text=text, sha256=sha256, source=source_file.read_text().strip(), files=(path.name,))

