@@ -580,3 +580,107 @@ def test_half_octave_anchor_over_many_tiles_stays_in_the_h15_envelope(causal, th
     # log2(sum H) - log2(sum exp2) lies in H's per-element envelope [-0.25, 0.335] octaves.
     shift = (lse - exact_lse) / math.log(2.0)
     assert (shift >= -0.25 - 1e-9).all() and (shift <= math.log2(1.5) - 0.25 + 1e-9).all()
+
+
+# Issue 25, defect 3: finite inputs whose scores (or P @ V, or the LSE) overflow are refused by name, never
+# answered with the masked row (out 0, LSE -inf); where the caller's compute_dtype=torch.float64 holds them, they
+# are computed.
+_MODES = ["exact", "rowmax_h15", "rowmax_pot", "baps", "fused_softmax"]
+
+
+def _constant_inputs(value, keys=6, dtype=torch.float32, v_value=1.0, k_sign=1.0):
+    q = torch.full((1, 3, 2, 64), value, dtype=dtype)
+    k = torch.full((1, keys, 1, 64), k_sign * value, dtype=dtype)
+    return q, k, torch.full((1, keys, 1, 64), v_value, dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("k_sign", [1.0, -1.0], ids=["scores_inf", "scores_minus_inf"])
+def test_scores_beyond_the_compute_dtype_are_refused(mode, k_sign):
+    q, k, v = _constant_inputs(1e20, k_sign=k_sign)  # scores +-6.4e41: past float32
+    with pytest.raises(ValueError, match=r"q and k give scores .* in compute_dtype beyond torch.float32's range"):
+        attention_reference(q, k, v, SoftmaxConfig(mode=mode))
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_float64_inputs_beyond_float32_are_refused_by_name(mode):
+    q, k, v = _constant_inputs(1e200, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"q holds values beyond compute_dtype=torch.float32's range"):
+        attention_reference(q, k, v, SoftmaxConfig(mode=mode))
+    with pytest.raises(ValueError, match=r"q and k give scores .* in compute_dtype beyond torch.float64's range"):
+        attention_reference(q, k, v, SoftmaxConfig(mode=mode), compute_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_float64_computes_scores_float32_cannot_hold(mode):
+    """q = k = 1e19 (head dim 64): every score is 6.4e39 (past float32), softmax_scale 1e-3 puts the LSE at
+    6.4e36 (inside it). Every key has the same score, so out is v = 1 and the LSE s * scale + ln(keys)."""
+    q, k, v = _constant_inputs(1e19)
+    config = SoftmaxConfig(mode=mode)
+    with pytest.raises(ValueError, match="q and k give scores"):
+        attention_reference(q, k, v, config, softmax_scale=1e-3)
+    out, lse = attention_reference(q, k, v, config, softmax_scale=1e-3, compute_dtype=torch.float64)
+    assert torch.equal(out, torch.ones_like(out))
+    expected_out, expected_lse = naive_attention(q, k, v, causal=False, softmax_scale=1e-3)
+    if mode != "fused_softmax":  # its MX-quantized q and k move the scores (not the output)
+        assert torch.equal(lse, expected_lse.float())
+
+
+def test_lse_beyond_float32_is_refused():
+    """float64 holds the scores, but the LSE (6.4e39 * 8**-1 = 8e38) is returned in float32."""
+    q, k, v = _constant_inputs(1e19)
+    with pytest.raises(ValueError, match=r"log-sum-exp \(the LSE\) beyond torch.float32's range"):
+        attention_reference(q, k, v, compute_dtype=torch.float64)
+
+
+def test_output_beyond_the_compute_dtype_is_refused_and_float64_computes_it():
+    """v = 3e38 on 6 keys of weight 2**8 each: P @ V (4.6e41) overflows float32, its mean (3e38) does not."""
+    q, k, v = _constant_inputs(0.5, v_value=3e38)
+    with pytest.raises(ValueError, match=r"v: P @ V in compute_dtype beyond torch.float32's range"):
+        attention_reference(q, k, v)
+    out, _ = attention_reference(q, k, v, compute_dtype=torch.float64)
+    assert torch.equal(out, v[:, :3].expand(1, 3, 2, 64))
+
+
+# Issue 25, defect 8: empty inputs return FA4's empty result (flash_attn/cute/interface.py: out zero-filled, lse
+# filled with -inf when seqlen_k == 0 or total_q == 0), in the shapes of a non-empty call.
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize(
+    "q_shape,kv_shape",
+    [((0, 4, 2, 64), (0, 5, 1, 64)), ((2, 0, 2, 64), (2, 5, 1, 64)), ((2, 4, 0, 64), (2, 5, 1, 64))],
+    ids=["batch0", "seqlen_q0", "heads_q0"],
+)
+def test_empty_dense_inputs_return_empty_results(mode, q_shape, kv_shape):
+    q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
+    out, lse, counters = attention_reference(q, k, v, SoftmaxConfig(mode=mode), causal=True, return_counters=True)
+    batch, seqlen_q, heads_q, _ = q_shape
+    assert out.shape == q_shape and out.dtype == q.dtype and lse.shape == (batch, heads_q, seqlen_q)
+    assert lse.dtype == torch.float32
+    _, _, nonempty = attention_reference(
+        torch.randn(1, 4, 2, 64),
+        torch.randn(1, 5, 1, 64),
+        torch.randn(1, 5, 1, 64),
+        SoftmaxConfig(mode=mode),
+        return_counters=True,
+    )
+    assert counters.keys() == nonempty.keys()
+    assert all(value == 0 for value in counters.values())
+
+
+@pytest.mark.parametrize("total_q,total_k", [(0, 0), (0, 5), (4, 0)])
+def test_empty_varlen_totals_return_empty_results(total_q, total_k):
+    q, k, v = torch.randn(total_q, 2, 64), torch.randn(total_k, 1, 64), torch.randn(total_k, 1, 64)
+    cu_q = torch.tensor([0, total_q], dtype=torch.int32)
+    cu_k = torch.tensor([0, total_k], dtype=torch.int32)
+    out, lse = attention_reference(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert out.shape == (total_q, 2, 64) and lse.shape == (2, total_q)
+    assert bool((out == 0).all()) and bool((lse == -math.inf).all())
+
+
+def test_empty_fp8_inputs_give_bf16_and_are_still_checked():
+    q = torch.zeros(0, 4, 2, 64).to(torch.float8_e4m3fn)
+    k = torch.zeros(0, 5, 1, 64).to(torch.float8_e4m3fn)
+    out, lse = attention_reference(q, k, k)
+    assert out.dtype == torch.bfloat16 and out.shape == (0, 4, 2, 64) and lse.shape == (0, 2, 4)
+    with pytest.raises(ValueError, match="compute_dtype must be one of"):
+        attention_reference(q, k, k, compute_dtype=torch.float16)

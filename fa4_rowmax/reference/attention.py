@@ -256,6 +256,15 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, co
             raise ValueError(f"softmax_scale must be None or a positive finite float, got {softmax_scale}")
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        # Note [Overflow in the reference]: only float64 inputs can exceed a compute dtype.
+        if x.dtype == torch.float64 and compute_dtype != torch.float64 and x.numel():
+            largest = x.abs().amax()
+            if not bool(torch.isfinite(largest.to(compute_dtype))):
+                raise ValueError(
+                    f"{name} holds values beyond compute_dtype={compute_dtype}'s range (max |{name}| = "
+                    f"{largest.item():.3g}); pass compute_dtype=torch.float64"
+                )
     if varlen:
         seqlen_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
         seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
@@ -690,6 +699,66 @@ def _set_accumulator(problem: _Problem, config: SoftmaxConfig, input_dtype: torc
 
 
 # ---------------------------------------------------------------------------------------
+# Empty inputs and overflow
+# ---------------------------------------------------------------------------------------
+
+# Note [Empty inputs]
+# ~~~~~~~~~~~~~~~~~~~
+# No query (batch 0, seqlen_q 0, heads_q 0, varlen total_q 0) returns an empty out in q's shape and an empty
+# float32 LSE, (batch, heads_q, seqlen_q) or (heads_q, total_q), with zero counters; no key (seqlen_k 0, total_k 0)
+# takes the ordinary path, where every row is empty: out 0, LSE -inf. That is FA4's interface
+# (`flash_attn/cute/interface.py`: `if seqlen_k == 0 or total_q == 0`, out zero-filled, LSE -inf). Every
+# argument is checked first; zero kv heads stay refused (a query head needs a kv head to share).
+#
+# Note [Overflow in the reference]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The reference accepts finite inputs only, and finite inputs have a finite answer: a weighted mean of v's rows
+# and a finite LSE for every row with a key. Where the arithmetic of `compute_dtype` cannot hold that answer, an
+# infinite score makes the row's max inf and its weights NaN (and a -inf score, all weights 0), which read as a
+# row with no key: out 0, LSE -inf, the masked row, for inputs that mask nothing. So the reference refuses, naming
+# the inputs: float64 inputs beyond the compute dtype's range (`q`, `k`, `v`), a row with a key whose sum is not
+# positive and finite (the scores of `q` and `k`), an output that is not finite (`v`: P @ V or the output dtype)
+# and an LSE beyond float32's range (the LSE's dtype). It does not widen the arithmetic on its own: the float32
+# reference is the kernels' arithmetic, and a silently wider one would answer a question the kernels cannot;
+# `compute_dtype=torch.float64` is the caller's way to have such inputs computed where float64 holds them.
+
+
+def _rows_with_a_key(problem: _Problem) -> torch.Tensor:
+    """(batch, 1, 1, rows) bool: the rows that see at least one key (causal: bottom-right aligned)."""
+    row = torch.arange(problem.shape[3], device=problem.q.device)[None, :]
+    seqlen_q, seqlen_k = problem.seqlen_q_t[:, None], problem.seqlen_k_t[:, None]
+    has_key = (row < seqlen_q) & (seqlen_k > 0)
+    if problem.causal:
+        has_key = has_key & (row + seqlen_k - seqlen_q >= 0)
+    return has_key[:, None, None]
+
+
+def _check_finite_rows(bad: torch.Tensor, what: str, dtype: torch.dtype, wider: bool) -> None:
+    """Raises when any row is `bad`, naming `what` overflowed (Note [Overflow in the reference])."""
+    if not bool(bad.any()):
+        return
+    hint = "; pass compute_dtype=torch.float64" if wider and dtype == torch.float32 else ""
+    raise ValueError(
+        f"{what} beyond {dtype}'s range on {int(bad.sum())} rows with a key: finite inputs whose answer the "
+        f"arithmetic cannot hold (Note [Overflow in the reference]){hint}"
+    )
+
+
+def _empty_result(q, v, out_dtype: torch.dtype, varlen: bool, config: SoftmaxConfig, return_counters: bool):
+    """Note [Empty inputs]: no query."""
+    heads_q = q.shape[-2]
+    lse_shape = (heads_q, q.shape[0]) if varlen else (q.shape[0], heads_q, q.shape[1])
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=out_dtype, device=q.device)
+    lse = torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
+    if not return_counters:
+        return out, lse
+    counters = {name: value.item() for name, value in _new_counters(q.device).items()}
+    if config.mode == "baps":
+        counters.update(baps_blocks=0, arr=0.0, prr=0.0)
+    return out, lse, counters
+
+
+# ---------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------
 
@@ -743,6 +812,9 @@ def attention_reference(
     )
     fp8_inputs = q.dtype in _FP8_DTYPES
     varlen = cu_seqlens_q is not None
+    out_dtype = FP8_OUTPUT_DTYPE if fp8_inputs else q.dtype
+    if q.numel() == 0:  # Note [Empty inputs]
+        return _empty_result(q, v, out_dtype, varlen, config, return_counters)
     p_dtype = p_dtype_for(config, q.dtype)
     dense_q, dense_k, dense_v = q, k, v
     if fp8_inputs:  # exact upcast before any padding or layout change (FP8 lacks some of those kernels)
@@ -770,23 +842,37 @@ def attention_reference(
     _set_accumulator(problem, config, q.dtype, p_dtype)
     acc, row_sum, lse_base_log2, counters = _RUNNERS[config.mode](problem, config, p_dtype, return_counters)
 
-    # A row with no key (or, defensively, a zero or NaN sum) gives out 0 and lse -inf, as FA4 does.
-    empty = ~(row_sum > 0)
+    # A row with no key gives out 0 and lse -inf, as FA4 does; a row with a key has a finite max and a positive
+    # finite sum unless its scores overflowed (Note [Overflow in the reference]).
+    has_key = _rows_with_a_key(problem)
+    scores_overflow = ~(torch.isfinite(lse_base_log2) & torch.isfinite(row_sum) & (row_sum > 0)) & has_key
+    _check_finite_rows(
+        scores_overflow, "q and k give scores (q k^T * softmax_scale) in compute_dtype", compute_dtype, True
+    )
+    empty = ~has_key
     safe_sum = torch.where(empty, 1.0, row_sum)
     out5 = torch.where(empty[..., None], 0.0, acc / safe_sum[..., None])
+    _check_finite_rows(~torch.isfinite(out5).all(-1), "v: P @ V in compute_dtype", compute_dtype, True)
     if v_descale is not None:
         out5 = out5 * v_descale.to(out5.dtype)[:, :, None, None, None]
-    lse = torch.where(empty, -math.inf, (lse_base_log2 + torch.log2(safe_sum)) * _LN2)
+    lse = torch.where(empty, -math.inf, (lse_base_log2 + torch.log2(safe_sum)) * _LN2).float()
+    _check_finite_rows(~torch.isfinite(lse) & has_key, "q and k give a log-sum-exp (the LSE)", torch.float32, False)
 
     batch, heads_k, group, rows = problem.shape
     longest_q = max(seqlen_q, default=0)
-    out = out5[:, :, :, :longest_q].permute(0, 3, 1, 2, 4).reshape(batch, longest_q, heads_k * group, -1)
-    lse = lse[:, :, :, :longest_q].reshape(batch, heads_k * group, longest_q).float()
+    head_dim_v = problem.v.shape[-1]
+    out = out5[:, :, :, :longest_q].permute(0, 3, 1, 2, 4).reshape(batch, longest_q, heads_k * group, head_dim_v)
+    lse = lse[:, :, :, :longest_q].reshape(batch, heads_k * group, longest_q)
     if varlen:
         sequence, position = _token_positions(cu_seqlens_q, q.shape[0])
         out = out[sequence, position]
         lse = lse[sequence, :, position].transpose(0, 1)
-    out = out.to(FP8_OUTPUT_DTYPE if fp8_inputs else q.dtype).contiguous()
+    out = out.to(out_dtype).contiguous()
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"v{' and v_descale' if v_descale is not None else ''} give an output beyond {out_dtype}'s range "
+            f"(the output dtype; Note [Overflow in the reference])"
+        )
     lse = lse.contiguous()
     if not return_counters:
         return out, lse
