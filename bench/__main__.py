@@ -4,7 +4,8 @@ Per group (one shape): allocate rotating inputs, compute the fp32 reference once
 (this compiles it) and gate its output, then time the kernels that passed in interleaved rounds
 (bench/timing.py) and turn the times into rows. The JSON is rewritten after every group, so a run that is
 cut short keeps what it measured; the Markdown and plots are written at the end (or later by
-`python -m bench.report`).
+`python -m bench.report`). `--fp8-accuracy` runs the FP8 accuracy-over-key-count study instead (bench/accuracy.py),
+`--fp8 --with-accuracy` runs it first and then the FP8 speed table, in one process.
 """
 
 from __future__ import annotations
@@ -17,17 +18,26 @@ import time
 
 import torch
 
-from bench import env_info
+from bench import accuracy, env_info
 from bench.check import check_batches, check_output, make_inputs, reference_attention
 from bench.kernels import BASELINE, FP8_MAP_KERNELS, KERNELS, MAP_KERNELS, RATIO_PEERS
-from bench.report import gpu_slug, map_pivot, new_row, read_json, seqlen_pivot, write_json, write_report
+from bench.report import (
+    REASON_CHARS,
+    failure_reason,
+    gpu_slug,
+    map_pivot,
+    new_row,
+    read_json,
+    seqlen_pivot,
+    write_json,
+    write_report,
+)
 from bench.semantic_check import semantic_check
-from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, build_plan, parse_seqlen, tflops
+from bench.sweep import MAP_MASK_CHOICES, TOKENS, Group, attention_flops, build_plan, parse_seqlen, tflops
 from bench.timing import SPACER_CYCLES, median, per_round_speedups, rotation_count, spread, time_interleaved
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
-REASON_CHARS = 400
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +55,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "kernel (exact, exp2 deleted, H15 and its threshold x anchor x tile map at 8K)",
     )
     parser.add_argument(
+        "--fp8-accuracy",
+        action="store_true",
+        help="the FP8 accuracy study alone (bench/accuracy.py): O's error vs fp64 attention of the same e4m3 "
+        "inputs over 1K-128K keys, V mean 0/0.25/1, both masks, FA3/cuDNN/vLLM FP8, ours, FA4 BF16",
+    )
+    parser.add_argument(
+        "--with-accuracy",
+        action="store_true",
+        help="with --fp8: run the accuracy study first, then the speed table, in this one process",
+    )
+    parser.add_argument(
+        "--accuracy-keys", nargs="+", type=_seqlen_arg, metavar="S", help="the study's key counts (default 1K-128K)"
+    )
+    parser.add_argument(
+        "--accuracy-kernels",
+        nargs="+",
+        metavar="PATTERN",
+        help="the study's kernels, names or shell patterns (default: bench.accuracy.ACCURACY_KERNELS)",
+    )
+    parser.add_argument(
         "--kernels",
         nargs="+",
         metavar="PATTERN",
@@ -60,8 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--map-masks",
         choices=MAP_MASK_CHOICES,
-        default="causal",
-        help="masks that get the fa4_h15 threshold x beta map at 8K (full run), or the FP8 H15 map (--fp8)",
+        help="masks that get the fa4_h15 threshold x beta map at 8K (full run; default causal), or the FP8 H15 "
+        "map and levers (--fp8; default none)",
     )
     parser.add_argument(
         "--max-minutes",
@@ -79,8 +109,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     args = parser.parse_args(argv)
-    if args.quick and args.fp8:
-        parser.error("--quick and --fp8 are two presets; choose one")
+    if sum((args.quick, args.fp8, args.fp8_accuracy)) > 1:
+        parser.error(
+            "--quick, --fp8 and --fp8-accuracy are presets; choose one (--fp8 --with-accuracy runs both FP8 parts)"
+        )
+    if args.with_accuracy and not args.fp8:
+        parser.error("--with-accuracy goes with --fp8 (the accuracy study alone is --fp8-accuracy)")
+    accuracy = args.fp8_accuracy or args.with_accuracy
+    if not accuracy and (args.accuracy_keys or args.accuracy_kernels):
+        parser.error("--accuracy-keys / --accuracy-kernels need --fp8-accuracy or --fp8 --with-accuracy")
+    if args.fp8_accuracy and (args.kernels or args.seqlens or args.map_masks or args.resume):
+        parser.error(
+            "--kernels, --seqlens, --map-masks and --resume are the speed table's; with --fp8-accuracy use "
+            "--accuracy-kernels / --accuracy-keys"
+        )
+    if args.map_masks is None:
+        args.map_masks = "none" if args.fp8 else "causal"
     if args.rounds is None:
         args.rounds = 5 if args.quick else 7
     if args.max_minutes is not None and not args.max_minutes > 0:
@@ -109,9 +153,13 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
+def preset_of(args: argparse.Namespace) -> str:
+    return "quick" if args.quick else "fp8" if args.fp8 else "fp8_accuracy" if args.fp8_accuracy else "full"
+
+
 def settings_of(args: argparse.Namespace) -> dict:
     return {
-        "preset": "quick" if args.quick else "fp8" if args.fp8 else "full",
+        "preset": preset_of(args),
         "kernels": args.kernels,
         "seqlens": args.seqlens,
         "rounds": args.rounds,
@@ -200,6 +248,13 @@ def print_plan(plan: list[Group], settings: dict) -> None:
         f"{len(plan)} groups, {sum(len(g.kernels) for g in plan)} kernel rows, "
         f"~{compiled_configurations(plan)} FA4/Triton compilations (FP8 aside)"
     )
+    if any(g.shape.dtype == "fp8" for g in plan):
+        estimate = estimate_fp8_run(plan, settings)
+        print(
+            f"on an H200 (sm_90): {estimate['rows']} rows to time, {estimate['timed_calls']} timed calls "
+            f"(+{estimate['untimed_calls']} gate and warm-up calls), {estimate['compilations']} kernel "
+            f"compilations; rough wall time {estimate['seconds']:.0f} s ({ESTIMATE_BASIS})"
+        )
 
 
 def compiled_configurations(plan: list[Group]) -> int:
@@ -214,6 +269,67 @@ def compiled_configurations(plan: list[Group]) -> int:
             if spec.family != "sdpa" and s.dtype != "fp8" and s.dtype in spec.tolerances:
                 keys.add((name, s.dtype, s.head_dim, s.heads_q // s.heads_kv, s.causal))
     return len(keys)
+
+
+# Note [Run-length estimate]
+# A dry run's guide to whether a run fits one device command, from the H200 runs of 2026-12-01
+# (bench/results/h200_2026-12-01_s2/bench_fp8*): a CuTe-DSL configuration's first call 1.2-3.0 s (FP8 SM90 kernel
+# and FA4), FA3-FP8 ~850 TFLOPS, FA4/FA3 BF16 ~600, the FP8 GEMM ceiling ~1250, and per group ~1 s for inputs and
+# the fp32 reference. Rows unsupported on sm_90 are not counted.
+ESTIMATE_COMPILE_S = 2.5
+ESTIMATE_TFLOPS = {"fp8": 850.0, "bf16": 600.0}
+ESTIMATE_GEMM_TFLOPS = 1250.0
+ESTIMATE_GROUP_S = 1.0
+ESTIMATE_BASIS = "Note [Run-length estimate]"
+HOPPER = (9, 0)
+
+
+def _timed_on_hopper(name: str, dtype: str) -> bool:
+    spec = KERNELS[name]
+    return spec.unsupported_reason(dtype, HOPPER) is None
+
+
+def estimate_fp8_run(plan: list[Group], settings: dict) -> dict:
+    """Rows, calls, compilations and a rough wall time of `plan` on an H200 (Note [Run-length estimate])."""
+    calls_per_kernel = settings["rounds"] * settings["calls_per_round"]
+    rows = timed = untimed = 0
+    seconds = 0.0
+    compiled = set()
+    for group in plan:
+        s = group.shape
+        seconds += ESTIMATE_GROUP_S
+        for name in group.kernels:
+            if not _timed_on_hopper(name, s.dtype):
+                continue
+            spec = KERNELS[name]
+            rows += 1
+            timed += calls_per_kernel
+            untimed += 1 + settings["warmup"]
+            if spec.flops is not None:
+                call_s = spec.flops / (ESTIMATE_GEMM_TFLOPS * 1e12)
+            else:
+                upcast = spec.family not in ("fa3", "cudnn", "vllm_fa3", "fa4_fp8") or name == "fa3_bf16"
+                call_s = attention_flops(s) / (ESTIMATE_TFLOPS["bf16" if upcast else "fp8"] * 1e12)
+            seconds += (calls_per_kernel + 1 + settings["warmup"]) * call_s
+            if spec.family in ("fa4", "fa4_fp8", "aiter_fused"):
+                compiled.add((name, s.dtype, s.head_dim, s.heads_q // s.heads_kv, s.causal))
+    seconds += ESTIMATE_COMPILE_S * len(compiled)
+    return {
+        "rows": rows,
+        "timed_calls": timed,
+        "untimed_calls": untimed,
+        "compilations": len(compiled),
+        "seconds": seconds,
+    }
+
+
+def estimate_accuracy_seconds(cells) -> float:
+    """The study's rough wall time: its calls are small (256 queries), so compilations of kernels the speed
+    table does not share (its head dim 128 MHA ones are the same) and cuDNN's graph per cell dominate."""
+    measured = [c for c in cells if not c.reason]
+    compiled = {(c.kernel, c.causal) for c in measured if KERNELS[c.kernel].family in ("fa4", "fa4_fp8")}
+    graphs = sum(KERNELS[c.kernel].family == "cudnn" for c in measured)
+    return ESTIMATE_COMPILE_S * len(compiled) + 0.5 * graphs + 0.1 * len(measured)
 
 
 class Progress:
@@ -254,10 +370,6 @@ def _fmt_err(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2g}"
 
 
-def _failure(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:REASON_CHARS]
-
-
 def run_group(
     group: Group,
     index: int,
@@ -294,7 +406,7 @@ def run_group(
         ref = reference_attention(*inputs[0], shape.causal, batches)
     except Exception as exc:  # e.g. out of memory: no gate, so no kernel of this group may be timed
         for name in active:
-            rows[name].update(status="error", reason=f"fp32 reference failed: {_failure(exc)}")
+            rows[name].update(status="error", reason=f"fp32 reference failed: {failure_reason(exc)}")
         progress.step(f"{shape.label}: reference failed", len(active) + args.rounds)
         return list(rows.values())
 
@@ -325,7 +437,7 @@ def run_group(
                     result = dataclasses.replace(result, passed=False, reason=f"semantic check: {semantic.reason}")
             del out
         except Exception as exc:  # the row says what went wrong; the other kernels still run
-            rows[name].update(status="error", reason=_failure(exc))
+            rows[name].update(status="error", reason=failure_reason(exc))
             progress.step(f"{shape.label}: {name} error")
             continue
         if result is None:  # a cost probe (KernelSpec.checked False: the GEMM ceiling, exp2 deleted)
@@ -400,13 +512,19 @@ def group_summary(rows: list[dict]) -> str:
     return " | ".join(parts)
 
 
-def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
+def default_stem(args: argparse.Namespace, gpu_name: str) -> str:
+    """--name, or <gpu>_<preset> (h200_quick, h200_full, h200_fp8, h200_fp8_accuracy)."""
+    return args.name or f"{gpu_slug(gpu_name)}_{preset_of(args)}"
+
+
+def run(plan: list[Group], args: argparse.Namespace, settings: dict, deadline: float | None = None) -> dict:
+    """Time `plan`; `deadline` (perf_counter seconds) overrides --max-minutes counted from now."""
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
     capability = (props.major, props.minor)
     l2_bytes = props.L2_cache_size
     env = env_info.collect(settings)
-    stem = args.name or f"{gpu_slug(props.name)}_{'quick' if args.quick else 'full'}"
+    stem = default_stem(args, props.name)
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, f"{stem}.json")
     doc = {"schema": 1, "env": env, "rows": []}
@@ -429,7 +547,8 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
         print(f"--resume: no results file at {json_path}; starting a new run", flush=True)
     earlier_wall_s = doc["env"].get("wall_s", 0.0) if args.resume else 0.0
     started = time.perf_counter()
-    deadline = started + 60 * args.max_minutes if args.max_minutes else None
+    if deadline is None and args.max_minutes:
+        deadline = started + 60 * args.max_minutes
     progress = Progress(sum(len(g.kernels) + args.rounds for g in plan))
     progress.write(
         f"{props.name} sm_{capability[0]}{capability[1]}, L2 {l2_bytes / 2**20:.0f} MiB; "
@@ -467,16 +586,34 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    started = time.perf_counter()
+    deadline = started + 60 * args.max_minutes if args.max_minutes else None
+    cells = None
     try:
-        plan = build_plan(
-            quick=args.quick, kernel_patterns=args.kernels, seqlens=args.seqlens, map_masks=args.map_masks, fp8=args.fp8
+        if args.fp8_accuracy or args.with_accuracy:
+            cells = accuracy.build_accuracy_plan(args.accuracy_kernels, args.accuracy_keys)
+        plan = (
+            []
+            if args.fp8_accuracy
+            else build_plan(
+                quick=args.quick,
+                kernel_patterns=args.kernels,
+                seqlens=args.seqlens,
+                map_masks=args.map_masks,
+                fp8=args.fp8,
+            )
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     settings = settings_of(args)
     if args.dry_run:
-        print_plan(plan, settings)
+        if cells is not None:
+            accuracy.print_accuracy_plan(cells)
+            print(f"accuracy: rough wall time {estimate_accuracy_seconds(cells):.0f} s ({ESTIMATE_BASIS})")
+            print(f"accuracy: vLLM's FA3 peer: {KERNELS['vllm_fa3_fp8'].unavailable_reason() or 'available'}")
+        if plan:
+            print_plan(plan, settings)
         return 0
     if not torch.cuda.is_available():
         print(
@@ -484,11 +621,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        run(plan, args, settings)
-    except ResumeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if cells is not None:
+        stem = (
+            f"{args.name}_accuracy"
+            if args.name
+            else default_stem(args, torch.cuda.get_device_name()) + ("_accuracy" if args.with_accuracy else "")
+        )
+        accuracy.run_study(cells, args.out, stem, seed=args.seed, deadline=deadline, plots=not args.no_plots)
+    if plan:
+        try:
+            run(plan, args, settings, deadline=deadline)
+        except ResumeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -105,20 +105,28 @@ class CheckResult:
         return dataclasses.asdict(self)
 
 
+def relative_frobenius_error(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(||out - ref||_F / ||ref||_F, max |out - ref|), both in fp64; the ratio is inf when ref is all zeros.
+    Shapes must match."""
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"out shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
+    diff = out.double() - ref.double()
+    diff_norm = float(torch.linalg.vector_norm(diff))
+    ref_norm = float(torch.linalg.vector_norm(ref.double()))
+    rel_err = diff_norm / ref_norm if ref_norm > 0 else math.inf
+    return rel_err, float(diff.abs().max()) if diff.numel() else 0.0
+
+
 def check_output(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> CheckResult:
     """Pass when `out` is finite and ||out - ref||_F / ||ref||_F <= tolerance."""
     if not tolerance > 0:
         raise ValueError(f"tolerance must be > 0, got {tolerance!r}")
     if tuple(out.shape) != tuple(ref.shape):
         return CheckResult(False, None, None, tolerance, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    out64, ref64 = out.double(), ref.double()
-    bad = int((~torch.isfinite(out64)).sum())
+    bad = int((~torch.isfinite(out.double())).sum())
     if bad:
         return CheckResult(False, None, None, tolerance, f"{bad} non-finite output values")
-    diff = out64 - ref64
-    ref_norm = float(torch.linalg.vector_norm(ref64))
-    rel_err = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else math.inf
-    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    rel_err, max_abs = relative_frobenius_error(out, ref)
     if not rel_err <= tolerance:
         return CheckResult(
             False, rel_err, max_abs, tolerance, f"relative error {rel_err:.3g} > tolerance {tolerance:g}"

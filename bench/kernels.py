@@ -58,6 +58,7 @@ import functools
 import importlib
 import inspect
 import math
+import os
 from typing import Callable, Mapping
 
 import torch
@@ -129,6 +130,12 @@ FP8_H15_THRESHOLDS = (0.0, 0.4)
 FP8_ANCHOR_ROUNDINGS = ("exact", "half_octave")
 FP8_TILE_NS = (128, 224)
 FP8_EXACT_BETAS = (0.125, 0.25)
+# How the FP8 SM90 kernel accumulates P.V (issue 22): "single" feeds the running O back as the wgmma's C operand on
+# every KV tile (Hopper's FP8 accumulator keeps ~13 fraction bits and truncates, so long rows lose O); "two_level"
+# gives each tile's P.V a fresh accumulator promoted into FP32 O. One row per softmax mode and accumulation.
+FP8_PV_ACCUMULATIONS = ("single", "two_level")
+# flash_attn_func with e4m3 inputs and no lever: the defaults a user gets.
+FP8_FUNC_VARIANTS = {"fa4_fp8_func_exact": {}, "fa4_fp8_func_h15": {"softmax_mode": "rowmax_h15"}}
 # The kernel's per-element levers one at a time, and all together (issue 11, "What decides it"): the row sum
 # by the PV MMA (ones columns in V^T) and the warp-vote O-rescale skip; timed at the focus shape with the map.
 FP8_LEVERS = {
@@ -417,7 +424,7 @@ def _lookup_module(module: str):
 # where the two coincide; a non-square causal call raises instead of measuring another mask.
 def _cudnn_fp8_binder(cudnn, q, k, v, causal):
     batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    seqlen_k = k.shape[1]
     if causal and seqlen_q != seqlen_k:
         raise ValueError(
             f"cudnn_fp8: causal masks are top-left only in cuDNN's sdpa_fp8; seqlen_q {seqlen_q} != "
@@ -478,6 +485,140 @@ def _cudnn_handle(cudnn, device_index):
     return cudnn.create_handle()
 
 
+# Note [vLLM's FA3 peer]
+# vLLM 0.26.0's fork of FlashAttention-3 promotes each KV block's P.V from a fresh wgmma accumulator into FP32
+# registers (two-level accumulation, vllm-project/flash-attention PR 104), so its FP8 error stays flat in the key
+# count where upstream FA3's grows (../shared/notes/fp8_sm90.md, "Long rows"). Its kernels ship prebuilt in the
+# wheel as `vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so` (linked to torch 2.11 / CUDA 13, the H200 image's); the
+# bench loads that file with `torch.ops.load_library` from the path in $LOWPREC_VLLM_FA3_SO (no vllm import, no
+# vllm install) and calls `torch.ops._vllm_fa3_C.fwd` positionally, as vLLM's `flash_attn_interface.py` does,
+# with varlen-packed q/k/v (total, heads, dim) and float32 descales (batch, heads_kv). VLLM_FA3_FWD_SCHEMA is the
+# op's registration string in that .so; the loader refuses a library whose op has other arguments, so a positional
+# call cannot silently shift. num_splits is 1 (upstream FA3's `flash_attn_func` default), not vLLM's 0
+# (heuristic): a split-KV call combines partial outputs in fp32 and would hide the accumulator under test.
+VLLM_FA3_SO_ENV = "LOWPREC_VLLM_FA3_SO"
+VLLM_FA3_WHEEL_PATH = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"  # inside vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64
+VLLM_FA3_FWD_SCHEMA = (
+    "fwd(Tensor! q, Tensor k, Tensor v, Tensor? k_new, Tensor? v_new, Tensor? q_v, Tensor!? out, "
+    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? cu_seqlens_k_new, Tensor? seqused_q, Tensor? seqused_k, "
+    "int? max_seqlen_q, int? max_seqlen_k, Tensor? page_table, Tensor? kv_batch_idx, Tensor? leftpad_k, "
+    "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? seqlens_rotary, Tensor? q_descale, Tensor? k_descale, "
+    "Tensor? v_descale, float softmax_scale, bool is_causal, int window_size_left, int window_size_right, "
+    "float softcap, bool is_rotary_interleaved, Tensor? scheduler_metadata, int num_splits, bool? pack_gqa, "
+    "int sm_margin, Tensor? s_aux, int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k) -> Tensor[]"
+)
+VLLM_FA3_NUM_SPLITS = 1
+
+
+def schema_signature(schema) -> list[tuple[str, str]]:
+    """(name, type) of every argument and the return types of a `torch._C.FunctionSchema` (or its text)."""
+    if isinstance(schema, str):
+        schema = torch._C.parse_schema(schema)
+    return [(a.name, str(a.type)) for a in schema.arguments] + [("->", str(r.type)) for r in schema.returns]
+
+
+def vllm_fa3_fwd_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    descale: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+) -> dict[str, object]:
+    """The arguments of `torch.ops._vllm_fa3_C.fwd` by schema name, in schema order (Note [vLLM's FA3 peer]):
+    varlen-packed q, k, v, one descale tensor for q, k and v, no paging, rotary, window, softcap or sinks."""
+    return {
+        "q": q,
+        "k": k,
+        "v": v,
+        "k_new": None,
+        "v_new": None,
+        "q_v": None,
+        "out": None,
+        "cu_seqlens_q": cu_seqlens_q,
+        "cu_seqlens_k": cu_seqlens_k,
+        "cu_seqlens_k_new": None,
+        "seqused_q": None,
+        "seqused_k": None,
+        "max_seqlen_q": max_seqlen_q,
+        "max_seqlen_k": max_seqlen_k,
+        "page_table": None,
+        "kv_batch_idx": None,
+        "leftpad_k": None,
+        "rotary_cos": None,
+        "rotary_sin": None,
+        "seqlens_rotary": None,
+        "q_descale": descale,
+        "k_descale": descale,
+        "v_descale": descale,
+        "softmax_scale": float(softmax_scale),
+        "is_causal": bool(causal),
+        "window_size_left": -1,
+        "window_size_right": -1,
+        "softcap": 0.0,
+        "is_rotary_interleaved": True,
+        "scheduler_metadata": None,
+        "num_splits": VLLM_FA3_NUM_SPLITS,
+        "pack_gqa": None,
+        "sm_margin": 0,
+        "s_aux": None,
+        "cp_world_size": 1,
+        "cp_rank": 0,
+        "cp_tot_seqused_k": None,
+    }
+
+
+def _load_vllm_fa3() -> Callable:
+    path = os.environ.get(VLLM_FA3_SO_ENV)
+    if not path:
+        raise KernelUnavailable(
+            f"{VLLM_FA3_SO_ENV} is not set: give it the path of _vllm_fa3_C.abi3.so from the vllm==0.26.0 wheel "
+            f"({VLLM_FA3_WHEEL_PATH}); Note [vLLM's FA3 peer]"
+        )
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise KernelUnavailable(
+            f"{VLLM_FA3_SO_ENV}={path}: no such file (expected {VLLM_FA3_WHEEL_PATH} of vllm 0.26.0)"
+        )
+    fwd, reason = _vllm_fa3_op(path)
+    if fwd is None:
+        raise KernelUnavailable(reason)
+    return fwd
+
+
+@functools.cache
+def _vllm_fa3_op(path: str) -> tuple[Callable | None, str | None]:
+    """torch.ops._vllm_fa3_C.fwd after loading `path` once; (None, why) when it does not load or its schema is not
+    VLLM_FA3_FWD_SCHEMA."""
+    try:
+        torch.ops.load_library(path)
+        fwd = torch.ops._vllm_fa3_C.fwd
+        schema = fwd.default._schema
+    except Exception as exc:  # not a library, wrong torch/CUDA ABI, no such op: the peer is unavailable
+        return None, f"torch.ops.load_library({path}) gave no _vllm_fa3_C.fwd: {type(exc).__name__}: {exc}"
+    if schema_signature(schema) != schema_signature(VLLM_FA3_FWD_SCHEMA):
+        return None, f"{path}: _vllm_fa3_C.fwd is {schema}, not the schema the bench calls (VLLM_FA3_FWD_SCHEMA)"
+    return fwd, None
+
+
+def _vllm_fa3_fp8_binder(fwd, q, k, v, causal):
+    """vLLM's FA3 on FlashAttention-layout e4m3 tensors: packed (total, heads, dim) views, descales ones."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    packed = [t.view(batch * t.shape[1], t.shape[2], t.shape[3]) for t in (q, k, v)]  # views: the tensors are dense
+    starts = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
+    ones = torch.ones(batch, heads_kv, device=q.device, dtype=torch.float32)
+    args = vllm_fa3_fwd_args(
+        *packed, starts * seqlen_q, starts * seqlen_k, seqlen_q, seqlen_k, ones, head_dim**-0.5, causal
+    )
+    values = tuple(args.values())
+    return lambda: fwd(*values)[0].view(batch, seqlen_q, heads_q, v.shape[-1])
+
+
 FP8_SM90_ENTRY = ("fa4_rowmax.fp8_sm90", "flash_attn_fp8_sm90")
 
 
@@ -499,6 +640,10 @@ def _fp8_sm90_binder(knobs: dict) -> Callable:
         return lambda: _first(fn(q, k, v, causal=causal, **knobs))
 
     return bind
+
+
+def fp8_accumulation_name(softmax_mode: str, pv_accumulation: str) -> str:
+    return f"fa4_fp8_{'h15' if softmax_mode == 'rowmax_h15' else 'exact'}_{pv_accumulation}"
 
 
 def fp8_h15_map_name(threshold: float, anchor_rounding: str, tile_n: int) -> str:
@@ -644,6 +789,16 @@ def _fp8_specs() -> list[KernelSpec]:
             output_scale=CUDNN_SCALE_O,
         ),
         KernelSpec(
+            "vllm_fa3_fp8",
+            "vllm_fa3",
+            "exact",
+            (("descales", "ones"), ("num_splits", VLLM_FA3_NUM_SPLITS), ("accumulation", "two-level (vLLM's fork)")),
+            fp8_exact_tol,
+            _load_vllm_fa3,
+            _vllm_fa3_fp8_binder,
+            _hopper_only("vLLM's FA3 (_vllm_fa3_C)"),
+        ),
+        KernelSpec(
             "fa4_stock_bf16",
             "fa4",
             "exact",
@@ -655,6 +810,22 @@ def _fp8_specs() -> list[KernelSpec]:
         ),
     ]
     fp8_sm90 = _hopper_only("fa4_rowmax.fp8_sm90")
+    # The call a user writes: FA4's flash_attn_func on e4m3 tensors routes to the SM90 FP8 forward with its
+    # defaults (the patch set); exact passes no argument at all.
+    for name, knobs in FP8_FUNC_VARIANTS.items():
+        tol = _H15_TOL if knobs.get("softmax_mode") == "rowmax_h15" else _EXACT_TOL
+        specs.append(
+            KernelSpec(
+                name,
+                "fa4_fp8",
+                knobs.get("softmax_mode", "exact"),
+                (("entry", "flash_attn.cute.flash_attn_func"), *knobs.items()),
+                {"fp8": tol["fp8"]},
+                _load_fa4_patched,
+                _fa4_binder(knobs),
+                _hopper_only("flash_attn_func's SM90 FP8 forward (fa4_rowmax.fp8_sm90)"),
+            )
+        )
     variants = [
         ("fa4_fp8_exact", {"softmax_mode": "exact"}),
         (f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}", {"softmax_mode": "exact", "tile_n": FP8_TILE_NS[-1]}),
@@ -670,6 +841,11 @@ def _fp8_specs() -> list[KernelSpec]:
         for n in FP8_TILE_NS
     ]
     variants += list(FP8_LEVERS.items())
+    variants += [
+        (fp8_accumulation_name(mode, accumulation), {"softmax_mode": mode, "pv_accumulation": accumulation})
+        for mode in ("exact", "rowmax_h15")
+        for accumulation in FP8_PV_ACCUMULATIONS
+    ]
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(
@@ -687,6 +863,10 @@ def _fp8_specs() -> list[KernelSpec]:
     for name, probe in (
         ("fa4_fp8_exact_noexp", {"softmax_mode": "exact", "exp2_deleted": True}),
         ("fa4_fp8_exact_noexp_n192", {"softmax_mode": "exact", "exp2_deleted": True, "tile_n": 192}),
+        (
+            "fa4_fp8_exact_noexp_two_level",
+            {"softmax_mode": "exact", "exp2_deleted": True, "pv_accumulation": "two_level"},
+        ),
     ):
         # wrong values by design: the no-MUFU ceiling of the skeleton
         specs.append(
@@ -717,19 +897,23 @@ FP8_MAP_KERNELS = tuple(
     fp8_h15_map_name(t, a, n) for t in FP8_H15_THRESHOLDS for a in FP8_ANCHOR_ROUNDINGS for n in FP8_TILE_NS
 )
 FP8_LEVER_KERNELS = tuple(FP8_LEVERS)
-# The --fp8 preset's rows (FP8 groups only; the map at the focus shape), FA4 stock BF16 and FA3 BF16 as BF16 peers.
+# The --fp8 preset's rows (issue 22; FP8 groups only; the map and levers at the focus shape on request): the FP8
+# GEMM ceiling, the FP8 peers (FA3, cuDNN, vLLM's two-level FA3), our kernel through flash_attn_func (its defaults)
+# and through its direct call with each P.V accumulation, the exp2-deleted cost probe under two-level accumulation,
+# FA4 stock and FA3 on the inputs upcast to BF16.
 FP8_KERNELS = (
     "gemm_fp8",
     "fa3_fp8",
     "cudnn_fp8",
-    "fa4_fp8_exact",
-    f"fa4_fp8_exact_n{FP8_TILE_NS[-1]}",
-    "fa4_fp8_exact_noexp",
-    "fa4_fp8_h15",
+    "vllm_fa3_fp8",
+    *FP8_FUNC_VARIANTS,
+    *(fp8_accumulation_name(m, a) for m in ("exact", "rowmax_h15") for a in FP8_PV_ACCUMULATIONS),
+    "fa4_fp8_exact_noexp_two_level",
     "fa4_stock_bf16",
     "fa3_bf16",
 )
-# FP8-only rows stay out of the 16-bit groups; fa3_bf16 is a BF16 peer everywhere.
-_FP8_ONLY = tuple(name for name in FP8_KERNELS + FP8_MAP_KERNELS + FP8_LEVER_KERNELS if name != "fa3_bf16")
+# FP8-only rows (every entry taking FP8 inputs only, and FA4 stock on upcast FP8) stay out of the 16-bit groups;
+# fa3_bf16 is a BF16 peer everywhere.
+_FP8_ONLY = tuple(name for name, spec in KERNELS.items() if set(spec.tolerances) == {"fp8"}) + ("fa4_stock_bf16",)
 DEFAULT_KERNELS = tuple(name for name in KERNELS if name not in MAP_KERNELS + DOT_MODE_KERNELS + _FP8_ONLY)
 QUICK_KERNELS = (BASELINE, "fa4_h15", "aiter_mxfp8", "sdpa_cudnn")

@@ -26,6 +26,7 @@ from bench.kernels import (
 from bench.sweep import FOCUS_SEQLEN, HEADS_Q, TOKENS, Shape, format_seqlen
 
 STATUSES = ("ok", "check_failed", "unsupported", "unavailable", "error", "skipped")
+REASON_CHARS = 400  # a row's reason is cut here, so one long exception message cannot swamp the tables
 FLOPS_FORMULA = (
     "FLOPs = 4 * batch * heads_q * seqlen_q * seqlen_k * head_dim (QK^T and PV, 2 per multiply-add), "
     "halved for causal; TFLOPS = FLOPs / median time"
@@ -71,6 +72,11 @@ def new_row(shape: Shape, spec: KernelSpec) -> dict:
         "timed_calls": 0,
         **{f"speedup_vs_{peer}": None for peer in RATIO_PEERS},
     }
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A row's reason for an exception: its type and message, cut at REASON_CHARS."""
+    return f"{type(exc).__name__}: {exc}"[:REASON_CHARS]
 
 
 def _finite_or_none(value):

@@ -167,11 +167,11 @@ def build_plan(
            map (`MAP_KERNELS`) for the masks in `map_masks`, then FP8 at 8K, then the bf16 hd128 MHA sweep
            over the other seqlens, then the 8K variants (fp16, head dim 64, GQA 16/4). The variants only
            come with 8K in `seqlens`.
-    fp8:   FP8 inputs only, `FP8_KERNELS` (the FP8 GEMM ceiling, FA3 FP8 and BF16, cuDNN FP8, FA4 stock on the
-           inputs upcast to BF16, the FP8 SM90 kernel) at head dims 128 and 64, `seqlens` (default 2K-32K), both
-           masks, MHA and GQA 16/4; the 8K and 16K head dim 128 MHA groups first, the FP8 H15 map
-           (`FP8_MAP_KERNELS`) and the levers (`FP8_LEVER_KERNELS`) at 8K head dim 128 MHA for the masks in
-           `map_masks`.
+    fp8:   FP8 inputs only, `FP8_KERNELS` (the FP8 GEMM ceiling, FA3 FP8 and BF16, cuDNN FP8, vLLM's FA3, FA4
+           stock on the inputs upcast to BF16, the FP8 SM90 kernel through flash_attn_func and with each P.V
+           accumulation) at head dims 128 and 64, `seqlens` (default 2K-32K), both masks, MHA and GQA 16/4; the 8K
+           and 16K head dim 128 MHA groups first, the FP8 H15 map (`FP8_MAP_KERNELS`) and the levers
+           (`FP8_LEVER_KERNELS`) at 8K head dim 128 MHA for the masks in `map_masks`.
     `kernel_patterns` replaces the preset's kernel choice (same list at every group); the baseline is
     always kept because every speed-up is quoted against it.
     """

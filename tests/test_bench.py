@@ -603,7 +603,9 @@ def test_fp8_plan_covers_head_dims_seqlens_masks_and_gqa_with_the_goal_shapes_fi
     # the FP8-only rows stay out of the 16-bit groups of the full plan, and join its FP8 groups
     full = build_plan(quick=False)
     assert not any("fa3_fp8" in g.kernels for g in full if g.shape.dtype != "fp8")
-    assert all("fa3_fp8" in g.kernels and "fa4_fp8_h15" in g.kernels for g in full if g.shape.dtype == "fp8")
+    assert all("fa3_fp8" in g.kernels and "fa4_fp8_func_h15" in g.kernels for g in full if g.shape.dtype == "fp8")
+    # the FP8 SM90 rows outside the preset (levers, probes, the direct call's defaults) stay out of 16-bit groups
+    assert not any(name.startswith("fa4_fp8") for g in full if g.shape.dtype != "fp8" for name in g.kernels)
     assert "fa3_bf16" in DEFAULT_KERNELS
 
 
@@ -611,9 +613,11 @@ def test_cli_fp8_dry_run_and_preset_conflict(capsys):
     rc, out, _ = cli_main(capsys, "--fp8", "--dry-run")
     assert rc == 0 and out.startswith("settings: preset=fp8") and "40 groups" in out
     assert "8K causal fp8 d128 h16 b4" in out and "32K non-causal fp8 d64 h16/4 b1" in out
-    assert out.count("fa4_fp8_h15*_t*_n* (8 map points)") == 1
+    assert "map_masks=none" in out and "map points" not in out  # --fp8 leaves the H15 map out by default
+    rc, out, _ = cli_main(capsys, "--fp8", "--map-masks", "causal", "--dry-run")
+    assert rc == 0 and out.count("fa4_fp8_h15*_t*_n* (8 map points)") == 1
     rc, _, err = cli_main(capsys, "--fp8", "--quick", "--dry-run")
-    assert rc == 2 and "two presets" in err
+    assert rc == 2 and "presets; choose one" in err
 
 
 def test_fp8_kernel_rows_and_support_rules():
@@ -648,6 +652,15 @@ def test_fp8_kernel_rows_and_support_rules():
         "rescale_vote": True,
         "row_sum": "mma",
     }
+    # the call a user writes (flash_attn_func, no lever) and the direct call with each P.V accumulation
+    assert dict(KERNELS["fa4_fp8_func_exact"].knobs) == {"entry": "flash_attn.cute.flash_attn_func"}
+    assert dict(KERNELS["fa4_fp8_func_h15"].knobs)["softmax_mode"] == "rowmax_h15"
+    assert KERNELS["fa4_fp8_func_h15"].tolerance("fp8") == KERNELS["fa4_fp8_h15"].tolerance("fp8")
+    assert dict(KERNELS["fa4_fp8_exact_noexp_two_level"].knobs)["pv_accumulation"] == "two_level"
+    assert not KERNELS["fa4_fp8_exact_noexp_two_level"].checked
+    for name in ("fa4_fp8_func_exact", "fa4_fp8_h15_two_level", "vllm_fa3_fp8"):
+        assert KERNELS[name].unsupported_reason("fp8", hopper) is None
+        assert "Hopper" in KERNELS[name].unsupported_reason("fp8", blackwell)
     cudnn = KERNELS["cudnn_fp8"]
     assert torch.equal(cudnn.output_for_check(torch.full((2,), 64.0).to(torch.float8_e4m3fn)), torch.ones(2))
     assert CUDNN_SCALE_O == 64 and "top-left" in dict(cudnn.knobs)["causal"]
