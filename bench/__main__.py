@@ -614,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"accuracy: vLLM's FA3 peer: {KERNELS['vllm_fa3_fp8'].unavailable_reason() or 'available'}")
         if plan:
             print_plan(plan, settings)
+        if cells is not None and plan:
+            total = estimate_accuracy_seconds(cells) + estimate_fp8_run(plan, settings)["seconds"]
+            print(f"accuracy study + speed table: rough wall time {total:.0f} s in one process")
         return 0
     if not torch.cuda.is_available():
         print(
