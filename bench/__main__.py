@@ -50,9 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--fp8",
         action="store_true",
-        help="FP8 inputs, head dim 128/64, 2K-32K, both masks, MHA and GQA 16/4: the FP8 GEMM "
-        "ceiling, FA3 FP8/BF16, cuDNN FP8, FA4 stock BF16 (on the upcast inputs), the FP8 SM90 "
-        "kernel (exact, exp2 deleted, H15 and its threshold x anchor x tile map at 8K)",
+        help="FP8 inputs, head dim 128/64, 2K-32K, both masks, MHA and GQA 16/4, every row gated before timing: "
+        "the FP8 GEMM ceiling, FA3 FP8/BF16, cuDNN FP8, vLLM's FA3, FA4 stock BF16 (on the upcast inputs), the "
+        "FP8 SM90 kernel through flash_attn_func and with single / two-level P.V accumulation (exact, H15, exp2 "
+        "deleted); the H15 map and levers at 8K with --map-masks",
     )
     parser.add_argument(
         "--fp8-accuracy",
@@ -115,8 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if args.with_accuracy and not args.fp8:
         parser.error("--with-accuracy goes with --fp8 (the accuracy study alone is --fp8-accuracy)")
-    accuracy = args.fp8_accuracy or args.with_accuracy
-    if not accuracy and (args.accuracy_keys or args.accuracy_kernels):
+    wants_accuracy = args.fp8_accuracy or args.with_accuracy
+    if not wants_accuracy and (args.accuracy_keys or args.accuracy_kernels):
         parser.error("--accuracy-keys / --accuracy-kernels need --fp8-accuracy or --fp8 --with-accuracy")
     if args.fp8_accuracy and (args.kernels or args.seqlens or args.map_masks or args.resume):
         parser.error(
