@@ -306,7 +306,13 @@ def accuracy_table(rows: Sequence[dict]) -> str:
         "| kernel | V mean | mask | " + " | ".join(format_seqlen(n) for n in keys) + " |",
         "| --- | --- | --- |" + " --- |" * len(keys),
     ]
-    for kernel, v_mean, mask in dict.fromkeys((r["kernel"], r["v_mean"], r["mask"]) for r in rows):
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    masks = ("non-causal", "causal")
+    lines_of = sorted(
+        dict.fromkeys((r["kernel"], r["v_mean"], r["mask"]) for r in rows),
+        key=lambda line: (kernels.index(line[0]), line[1], masks.index(line[2])),
+    )
+    for kernel, v_mean, mask in lines_of:
         cells = [_cell_text(cell[(kernel, v_mean, mask, n)]) if (kernel, v_mean, mask, n) in cell else "" for n in keys]
         lines.append(f"| {kernel} | {v_mean:g} | {mask} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -201,6 +201,13 @@ def test_table_and_report_writers_on_synthetic_rows(tmp_path, capsys):
     assert "| cudnn_fp8 | 1 | causal | - | - |" in table
     assert "| fa4_stock_bf16 | 0 | non-causal | 0.18 % | 0.18 % |" in table
     assert len(table) == 2 + 3 * 2 * 2
+    # grouped by kernel, then V mean, then mask
+    assert [line.split(" | ")[:3] for line in table[2:6]] == [
+        ["| fa3_fp8", "0", "non-causal"],
+        ["| fa3_fp8", "0", "causal"],
+        ["| fa3_fp8", "1", "non-causal"],
+        ["| fa3_fp8", "1", "causal"],
+    ]
     doc = {"schema": 1, "study": "fp8_accuracy", "env": {"gpu": {"name": "NVIDIA H200"}, "settings": {}}, "rows": rows}
     markdown = accuracy_markdown(doc)
     assert markdown.startswith("# FP8 attention accuracy over key count: NVIDIA H200")
