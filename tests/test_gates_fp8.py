@@ -14,13 +14,13 @@ import math
 
 import pytest
 import torch
+from helpers_gates import OneOctaveOffBackend
 
 import fa4_rowmax.__main__ as main_job
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.gates.gates import H15_ENVELOPE, format_report, multi_tile_gate, run_gates, single_tile_gate
 from fa4_rowmax.gates.readback import read_probabilities
 from fa4_rowmax.reference.attention import attention_reference
-from tests.test_gates import OneOctaveOffBackend
 
 E4M3 = torch.float8_e4m3fn
 E4M3_TINY_LOG2 = -6  # e4m3's smallest normal
@@ -59,7 +59,7 @@ def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None):
 
 
 class OneOctaveOffModel(OneOctaveOffBackend):
-    """The FP8 kernel model with one weight doubled (test_gates.OneOctaveOffBackend's edit on this model)."""
+    """The FP8 kernel model with one weight doubled (helpers_gates.OneOctaveOffBackend's edit on this model)."""
 
     def __call__(self, q, k, v, causal):
         return _kernel_model(q, k, v, causal, edit_p=self._double_one)
