@@ -99,11 +99,19 @@ def test_matches_reference(shape, causal, mode):
 
 LEVERS = [
     dict(softmax_mode="exact", tile_n=192),
-    dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True, pv_accumulation="single"),
     dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.25),
     dict(softmax_mode="rowmax_h15", tile_n=192),
     dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave"),
-    dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma", rescale_vote=True),
+    dict(
+        softmax_mode="rowmax_h15",
+        anchor_rounding="half_octave",
+        tile_n=192,
+        row_sum="mma",
+        rescale_vote=True,
+        pv_accumulation="single",
+    ),
+    dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", pv_accumulation="single"),
     dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
     dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 ]
@@ -344,7 +352,6 @@ def test_bad_inputs_raise(change, match):
         (dict(softmax_mode="rowmax_h15", beta=0.0), "every H15 weight is built by integer ops off the MUFU"),
         (dict(beta=1.5), r"beta must be None or a number in \[0, 1\], got 1.5"),
         (dict(beta=math.nan), r"beta must be None or a number in \[0, 1\]"),
-        (dict(beta=True), r"beta must be None or a number in \[0, 1\], got True"),
         (dict(beta=0.25, exp2_deleted=True), "beta must be None with exp2_deleted=True"),
         (dict(rescale_threshold=-1.0), "rescale_threshold must be"),
         (dict(softmax_mode="rowmax_h15", rescale_threshold=0.5), "lets P reach"),
@@ -366,6 +373,65 @@ def test_bad_arguments_raise(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         flash_attn_fp8_sm90(*_cpu_inputs(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(beta=True), TypeError, r"beta must be None or a number in \[0, 1\] \(a real number\), got True"),
+        (dict(causal="no"), TypeError, "causal must be a bool"),
+        (dict(softmax_scale=math.nan), ValueError, r"softmax_scale must be None \(1 / sqrt\(head_dim\)\) or a finite"),
+        (dict(softmax_scale=-1.0), ValueError, "softmax_scale must be .* > 0, got -1.0"),
+        (dict(softmax_scale=0.0), ValueError, "softmax_scale must be .* > 0, got 0.0"),
+        (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be .*a real number"),
+        (dict(exp2_deleted="yes"), TypeError, "exp2_deleted must be a bool"),
+        (dict(tile_n=128.0), TypeError, r"tile_n must be an int, one of \(128, 160, 192, 224\)"),
+        (dict(rescale_threshold=True), TypeError, "rescale_threshold must be None"),
+        (dict(rescale_threshold=10**400), ValueError, "rescale_threshold must be None .* >= 0"),
+        (dict(row_sum=1), TypeError, "row_sum must be a str"),
+        (dict(rescale_vote=1), TypeError, "rescale_vote must be a bool"),
+        (dict(softmax_modes="exact"), TypeError, "unknown softmax-stage knobs"),
+    ],
+)
+def test_bad_types_and_values_name_the_argument(kwargs, error, match):
+    """Issue 25 defect 7: flags are bools, counts ints, scales finite and positive (each ran before, or ran
+    another kernel: causal='no' ran causal, exp2_deleted='yes' the wrong-values probe)."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    with pytest.raises(error, match=match):
+        flash_attn_fp8_sm90(*_cpu_inputs(), **kwargs)
+
+
+def test_cpu_tensors_and_zero_heads_are_refused_before_any_gpu_work():
+    """Issue 25 defect 7: CPU tensors reached the Triton pre-pass; zero q heads a kernel with an empty grid."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    with pytest.raises(ValueError, match="q, k and v must be CUDA tensors"):
+        flash_attn_fp8_sm90(*_cpu_inputs())
+    with pytest.raises(ValueError, match="heads of q must be >= 1"):
+        flash_attn_fp8_sm90(*_cpu_inputs(hq=0, hk=2))
+    with pytest.raises(ValueError, match="must be a multiple of heads of k and v"):
+        flash_attn_fp8_sm90(*_cpu_inputs(hq=0, hk=0))
+
+
+def test_the_fa4_route_checks_the_callers_out_and_lse():
+    """Issue 25 defect 7: FA4's route copied into any `out` / `lse` (a copy broadcasts and converts); FA4 checks
+    dtype, shape, device and layout, and so does the route now, before any work."""
+    from fa4_rowmax.fp8_sm90 import fa4_sm90_fp8_forward
+
+    q, k, v = _cpu_inputs()
+    out_like = dict(dtype=torch.bfloat16)
+    for name, buffer, match in (
+        ("out", torch.empty(q.shape, dtype=torch.float16), "out must be a torch.bfloat16 tensor of shape"),
+        ("out", torch.empty(1, 1, 1, 128, **out_like), r"out must be .* of shape \(1, 64, 4, 128\)"),
+        ("out", torch.empty(q.shape, dtype=torch.bfloat16, device="meta"), "out must be .* on cpu, got .* on meta"),
+        ("out", torch.empty(1, 1, 4, 128, **out_like).expand(q.shape), "out must have no broadcast dimension"),
+        ("out", torch.empty(1, 64, 128, 4, **out_like).transpose(-1, -2), "contiguous last dimension"),
+        ("lse", torch.empty(1, 64, 4), r"lse must be a torch.float32 tensor of shape \(1, 4, 64\)"),
+        ("lse", torch.empty(1, 4, 64, dtype=torch.float64), "lse must be a torch.float32 tensor"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            fa4_sm90_fp8_forward(q, k, v, softmax_scale=None, causal=False, softmax_stage=None, **{name: buffer})
 
 
 def test_beta_resolves_to_one_kernel_per_meaning():
@@ -457,8 +523,10 @@ def test_mma_row_sum_is_refused_beyond_the_tested_length():
 
     q = torch.zeros(1, 64, 2, 128, dtype=E4M3)
     kv = torch.zeros(1, MMA_ROW_SUM_MAX_KEYS + 1, 2, 128, dtype=E4M3)
-    with pytest.raises(ValueError, match=r"row_sum='mma' is accepted for seqlen_k <= 2048"):
-        flash_attn_fp8_sm90(q, kv, kv, row_sum="mma")
+    with pytest.raises(
+        ValueError, match=r"row_sum='mma' with pv_accumulation='single' is accepted for seqlen_k <= 2048"
+    ):
+        flash_attn_fp8_sm90(q, kv, kv, row_sum="mma", pv_accumulation="single")
 
 
 @pytest.mark.parametrize(

@@ -17,23 +17,54 @@ from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 VARIANTS = {
     "ours_exact_single": dict(softmax_mode="exact", pv_accumulation="single"),
     "ours_exact_two_level": dict(softmax_mode="exact"),
+    "ours_exact_two_level_mma": dict(softmax_mode="exact", row_sum="mma"),
     "ours_h15_single": dict(softmax_mode="rowmax_h15", pv_accumulation="single"),
     "ours_h15_two_level": dict(softmax_mode="rowmax_h15"),
     "ours_h15_single_n192_sat": dict(softmax_mode="rowmax_h15", pv_accumulation="single", tile_n=192, clamp="sat"),
     "ours_h15_two_level_sat": dict(softmax_mode="rowmax_h15", clamp="sat"),
     "ours_h15_two_level_sat_mma": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma"),
-    "ours_h15_two_level_n160_sat": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=160),
-    "ours_h15_two_level_n192_sat": dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192),
+    "ours_h15_two_level_fold_mma": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", row_sum="mma"),
     "ours_exact_two_level_deleted": dict(softmax_mode="exact", exp2_deleted=True),
+    "ours_exact_two_level_deleted_mma": dict(softmax_mode="exact", exp2_deleted=True, row_sum="mma"),
 }
+
+
+def vt_bandwidth(seqlens, rounds: int) -> list[dict]:
+    """The V^T pre-pass alone (stage/v_transpose.py) at several BLOCK_KEYS: median ms and its HBM rate (V read
+    once, V^T written once)."""
+    from fa4_rowmax.stage import v_transpose as vt_module
+
+    heads, dim, tokens = 16, 128, 32768
+    rows = []
+    default_block = vt_module.BLOCK_KEYS
+    for seqlen in seqlens:
+        batch = tokens // seqlen
+        sets = [torch.randn(batch, seqlen, heads, dim, device="cuda").to(torch.float8_e4m3fn) for _ in range(2)]
+        for block in (32, 64, 128, 256):
+            vt_module.BLOCK_KEYS = block
+            launchers = {f"vt_block{block}": [lambda v=v: vt_module.v_transpose(v) for v in sets]}
+            times, errors = time_interleaved(launchers, rounds=rounds, calls_per_round=5, warmup=2, seed=block)
+            ms = median([t for r in times[f"vt_block{block}"] for t in r])
+            rate = 2 * sets[0].numel() / ms / 1e6
+            rows.append(dict(seqlen=seqlen, block_keys=block, ms=ms, gb_per_s=rate))
+            print(f"V^T {seqlen} BLOCK_KEYS={block}: {ms:.4f} ms {rate:.0f} GB/s")
+    vt_module.BLOCK_KEYS = default_block
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlens", type=int, nargs="+", default=[8192, 16384])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--vt-only", action="store_true", help="only the V^T pre-pass's bandwidth")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.vt_only:
+        rows = vt_bandwidth(args.seqlens, args.rounds)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+        return
     import fa3_fwd_interface as fa3
 
     heads, dim, tokens = 16, 128, 32768
