@@ -3,7 +3,7 @@ the reference, the SM90 FP8 kernel as their kernel."""
 
 import pytest
 import torch
-from test_hf_attention import logits, tiny_llama
+from helpers_hf import logits, tiny_llama
 
 from fa4_rowmax import hf
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
