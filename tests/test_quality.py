@@ -119,6 +119,100 @@ def test_command_line_checks_pairs():
     assert cli.parse_args(["--baps-restart-study"]).tag == "baps_restarts"
 
 
+def _usage_error(capsys, run, argv) -> str:
+    """The message of a refused command line: exit status 2 and one line on stderr, naming what to fix (after
+    what loading printed, if the refusal comes after loading: transformers' progress bars)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        run(argv)
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.endswith("\n"), err
+    message = err.splitlines()[-1]
+    assert message.startswith(f"{cli.PROG}: error: "), err
+    if run is cli.parse_args:
+        assert err == message + "\n"
+    return message
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--blocks", "0"], "argument --blocks: must be an integer >= 1, got '0'"),
+        (["--blocks", "-2"], "argument --blocks: must be an integer >= 1, got '-2'"),
+        (["--blocks", "two"], "argument --blocks: must be an integer >= 1, got 'two'"),
+        (["--block-size", "0"], "argument --block-size: must be an integer >= 2, got '0'"),
+        (["--block-size", "1"], "argument --block-size: must be an integer >= 2, got '1'"),
+        (["--time-budget-s", "nan"], "argument --time-budget-s: must be a finite number of seconds > 0, got 'nan'"),
+        (["--time-budget-s", "0"], "argument --time-budget-s: must be a finite number of seconds > 0, got '0'"),
+        (["--baps-restart-study", "--baps-lengths", "0"], "argument --baps-lengths: must be an integer >= 1"),
+        (["--device", "cuda", "--compare-kernels", "--modes", "baps_l1"], "mode 'baps_l1' has no GPU kernel"),
+        (["--resume", "--baps-restart-study"], "--resume continues a scored run"),
+    ],
+)
+def test_command_line_refuses_bad_numbers_in_one_line(capsys, argv, expected):
+    # --blocks 0 and --block-size 0 used to run the defaults (`args.blocks or 64`), a NaN budget no budget.
+    assert expected in _usage_error(capsys, cli.parse_args, argv)
+
+
+def test_command_line_keeps_explicit_and_default_sizes():
+    assert (cli.parse_args([]).blocks, cli.parse_args([]).block_size) == (64, 2048)
+    args = cli.parse_args(["--quick", "--blocks", "1", "--block-size", "2", "--time-budget-s", "0.5"])
+    assert (args.blocks, args.block_size, args.time_budget_s) == (1, 2, 0.5)
+
+
+def test_python_m_bench_quality_refuses_blocks_0():
+    # The package's entry point (__main__.py), as a user types it.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.quality", "--blocks", "0"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"{cli.PROG}: error: argument --blocks: must be an integer >= 1, got '0'\n"
+
+
+def _text_dir(tmp_path):
+    """A python-doc text folder whose text is not the pinned one (the runs below pass --allow-text-change)."""
+    folder = tmp_path / "text"
+    folder.mkdir()
+    (folder / "SOURCE").write_text("test\n")
+    (folder / "a.rst.txt").write_text("a text that is not the pinned one")
+    return folder
+
+
+def test_missing_or_corrupt_assets_exit_2_naming_the_fix(capsys, tmp_path):
+    # Each used to end in a traceback from deep inside the loaders.
+    err = _usage_error(capsys, cli.main, ["--text-dir", str(tmp_path / "none")])
+    assert "holds no fetched text; run `bash scripts/fetch_quality_text.sh` first" in err
+    err = _usage_error(capsys, cli.main, ["--text-dir", str(_text_dir(tmp_path))])
+    assert "not the pinned" in err and "--allow-text-change" in err
+    qwen = ["--text-dir", str(tmp_path / "text"), "--allow-text-change", "--model", "qwen2.5-0.5b"]
+    err = _usage_error(capsys, cli.main, [*qwen, "--assets-dir", str(tmp_path / "assets")])
+    assert "model.gguf is missing: bash scripts/fetch_quality_models.sh --models qwen2.5-0.5b" in err
+    truncated = tmp_path / "assets" / "qwen2.5-0.5b" / "model.gguf"
+    truncated.parent.mkdir(parents=True)
+    truncated.write_bytes(b"GGUF" + bytes(60))
+    err = _usage_error(capsys, cli.main, [*qwen, "--assets-dir", str(tmp_path / "assets")])
+    assert f"{truncated}: 64 bytes, expected 491,400,064" in err
+    err = _usage_error(capsys, cli.main, ["--from-cache", str(tmp_path / "none")])
+    assert "lacks model/config.json; write it with --export" in err
+    err = _usage_error(capsys, cli.parse_args, ["--resume", "--out", str(tmp_path), "--tag", "t"])
+    assert f"--resume: no previous report {tmp_path / 'quality_t.json'}" in err
+
+
+def test_more_blocks_than_the_text_holds_exit_2(capsys, tmp_path):
+    cache = _tiny_cache(tmp_path)  # 2,000 tokens: 31 blocks of 64
+    err = _usage_error(capsys, cli.main, ["--from-cache", str(cache), "--blocks", "32", "--block-size", "64"])
+    assert "--blocks 32 --block-size 64: num_blocks must be in [1, 31]" in err
+
+
 def test_paired_difference():
     rng = np.random.default_rng(3)
     runs = {}
@@ -391,5 +485,3 @@ def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
     finished = cli.main([*common, "--out", killed_dir, "--tag", "t", "--resume"])
     for name, run in whole["runs"].items():
         assert finished["runs"][name]["per_block_delta_nll"] == run["per_block_delta_nll"], name
-    with pytest.raises(FileNotFoundError, match="--resume"):
-        cli.main([*common, "--out", str(tmp_path / "none"), "--tag", "t", "--resume"])

@@ -90,7 +90,11 @@ AUSTEN_FILE = "austen.txt"
 
 
 class AssetMismatch(ValueError):
-    pass
+    """An asset on disk differs from its pin (size or SHA-256); the message names the file."""
+
+
+class MissingAsset(FileNotFoundError):
+    """An asset is not where the study looks; the message names the command that fetches it."""
 
 
 def sha256_file(path: Path) -> str:
@@ -259,7 +263,7 @@ def device_data(model: str, cache: Path = DEFAULT_CACHE, out_root: Path = DEVICE
     asset = MODELS[model]
     gguf, text = cache / model / GGUF_NAME, cache / AUSTEN_DIR
     if not (cache / model / "OK").is_file() or not (text / AUSTEN_FILE).is_file():
-        raise FileNotFoundError(f"fetch first: bash scripts/fetch_quality_models.sh --models {model} --text")
+        raise MissingAsset(f"fetch first: bash scripts/fetch_quality_models.sh --models {model} --text")
     out = out_root / model
     shutil.rmtree(out, ignore_errors=True)
     for source, target in (

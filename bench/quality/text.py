@@ -61,14 +61,14 @@ def load_text(
         return _load_austen(text_dir, allow_text_change)
     source_file = text_dir / "SOURCE"
     if not source_file.is_file():
-        raise FileNotFoundError(f"text_dir={str(text_dir)!r} holds no fetched text; run `{FETCH_HINT}` first")
+        raise assets.MissingAsset(f"text_dir={str(text_dir)!r} holds no fetched text; run `{FETCH_HINT}` first")
     paths = sorted(text_dir.rglob("*.rst.txt"))
     if not paths:
-        raise FileNotFoundError(f"text_dir={str(text_dir)!r} has no *.rst.txt files; run `{FETCH_HINT}` again")
+        raise assets.MissingAsset(f"text_dir={str(text_dir)!r} has no *.rst.txt files; run `{FETCH_HINT}` again")
     text = "\n\n".join(p.read_text(encoding="utf-8") for p in paths)
     sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if sha256 != PINNED_TEXT_SHA256 and not allow_text_change:
-        raise ValueError(
+        raise assets.AssetMismatch(
             f"text_dir={str(text_dir)!r}: the joined text has SHA-256 {sha256}, not the pinned "
             f"{PINNED_TEXT_SHA256} (source: {source_file.read_text().strip()}); results would not be comparable. "
             "Pass allow_text_change=True (--allow-text-change) to measure it anyway; the hash is recorded."
@@ -84,11 +84,13 @@ def load_text(
 def _load_austen(text_dir: Path, allow_text_change: bool) -> QualityText:
     path, source_file = text_dir / assets.AUSTEN_FILE, text_dir / "SOURCE"
     if not (path.is_file() and source_file.is_file()):
-        raise FileNotFoundError(f"text_dir={str(text_dir)!r} holds no extracted Austen text; run `{AUSTEN_FETCH_HINT}`")
+        raise assets.MissingAsset(
+            f"text_dir={str(text_dir)!r} holds no extracted Austen text; run `{AUSTEN_FETCH_HINT}`"
+        )
     text = path.read_text(encoding="utf-8")
     sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if sha256 != assets.AUSTEN_TEXT_SHA256 and not allow_text_change:
-        raise ValueError(
+        raise assets.AssetMismatch(
             f"text_dir={str(text_dir)!r}: {path.name} has SHA-256 {sha256}, not the pinned "
             f"{assets.AUSTEN_TEXT_SHA256}; results would not be comparable. Pass allow_text_change=True "
             "(--allow-text-change) to measure it anyway; the hash is recorded."

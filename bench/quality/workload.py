@@ -76,7 +76,7 @@ def load_from_cache(cache_dir: Path) -> Workload:
 
     for needed in ("model/config.json", "tokens.safetensors", "provenance.json"):
         if not (cache_dir / needed).is_file():
-            raise FileNotFoundError(f"from_cache={str(cache_dir)!r} lacks {needed}; write it with --export")
+            raise assets.MissingAsset(f"from_cache={str(cache_dir)!r} lacks {needed}; write it with --export")
     model = AutoModelForCausalLM.from_pretrained(cache_dir / "model", dtype=torch.float32)
     token_ids = load_file(str(cache_dir / "tokens.safetensors"))["token_ids"].to(torch.int64)
     provenance = json.loads((cache_dir / "provenance.json").read_text())
