@@ -129,7 +129,7 @@ def _check_row_sum(row_sum, exact: bool, dot_mode: str) -> None:
 # Note [exp_fold on GPUs]: the fold's first H200 run (2026-12-01, bench/results/h200_2026-12-01_s3/aiter/) faulted
 # in its extreme-score test ("bf16", tile 64, head dim 32), and GPUs refused exp_fold=True until the fault was
 # placed. It is the unfolded kernel's: at that launch "bf16" faults with the fold off as well, and "scaled" does
-# too (scripts/aiter_fold_gpu_diag.sh, bench/results/h200_2026-12-01_s4/first_call/); head dim 32 at tiles 64 and
+# too (studies/aiter_h200_fault/fold_diag.sh, bench/results/h200_2026-12-01_s4/first_call/); head dim 32 at tiles 64 and
 # 128 is refused for both modes on sm90 now (Note [sm90 refusals] in launch.py). Where the kernel runs, the fold
 # matched its reference on the H200: dense, causal, GQA, MXFP8/6/4, "bf16" and "scaled", both row sums, varlen
 # with empty and fully masked rows, NaN inputs (14 tests over the two sessions), and its six extreme-score tests at
@@ -337,7 +337,7 @@ def fused_softmax_attention(
     from the first one; None: the launch table's, 64 on gfx950/gfx942 and 128 elsewhere, Note [Launch
     table] in ``launch.py``); ``dot_mode`` picks the dot strategy, one of ``DOT_MODES`` (None: by
     architecture; see the module docstring); ``launch`` replaces the launch table's entry for this call
-    (tuning: ``scripts/aiter_fused_h200_tune.py``; its ``block_m``, ``num_warps`` and ``num_stages`` change no
+    (tuning: ``studies/aiter_h200_tune/tune.py``; its ``block_m``, ``num_warps`` and ``num_stages`` change no
     value, its ``tile_n`` is the default tile); ``row_sum``: one of ``ROW_SUMS``, "reduce" (a row reduction of
     P) or "gemm" (a matrix multiply of the P that enters P@V, dot modes "bf16" and "scaled": Note [Row sum by
     GEMM] in ``kernel.py``); ``exp_fold=True``: the frozen max and the Schraudolph map folded into the score GEMM,

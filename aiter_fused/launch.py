@@ -25,7 +25,7 @@ Note [Launch table]
   previous value, still ``default``) left one, and a second warpgroup's softmax can run while the first's
   GEMMs do. K and V take 3 x 64 KB of shared memory with Q's 32 KB (224 of the 227 KB an H200 block may use)
   and the exact twin 246-249 registers with no spills (``python -m aiter_fused.compile_sm90``); 2 stages spill
-  16 bytes. The candidates: ``scripts/aiter_fused_h200_tune.py``; the measurement: ``docs/aiter_h200.md``.
+  16 bytes. The candidates: ``studies/aiter_h200_tune/tune.py``; the measurement: ``docs/aiter_h200.md``.
 - sm90's ``kv_tile_offsets`` is off (per-element K/V addresses), by measurement: on the H200 (2026-12-01
   12:28 UTC, code of commit 6a400db; 32K tokens, 16 heads, head dim 128, BF16, 5 interleaved rounds x 3
   calls, ratio = median over rounds of FA4 stock's time over the kernel's in the same round) the per-element
@@ -47,7 +47,7 @@ Note [Launch table]
 Note [sm90 refusals]
 ~~~~~~~~~~~~~~~~~~~~
 Measured on the H200 (2026-12-01 17:18 UTC, Triton 3.6.0, the sm90 launch above: BLOCK_M 128, 8 warps, 3
-stages; ``scripts/aiter_sm90_launch_sweep.py``, every kernel x tile x head dim x mask in its own process, the
+stages; ``studies/aiter_h200_fault/launch_sweep.py``, every kernel x tile x head dim x mask in its own process, the
 output against the same mode's reference; ``bench/results/h200_2026-12-01_s4/aiter_sweep/``):
 - head dim 32, dot modes "bf16" and "scaled", tiles 64 and 128: "scaled" returned wrong outputs (relative L2
   error 1.4-1.6 against its reference, or Inf) at both tiles and hit an illegal memory access at tile 128

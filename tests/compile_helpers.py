@@ -4,17 +4,14 @@ CI matrix, one configuration's result, and the checks every architecture must pa
 Assertions here are rewritten by pytest (`register_assert_rewrite` in conftest.py).
 """
 
-import hashlib
 import os
 import re
-import subprocess
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 from fa4_rowmax.testing import compile_check
+from fa4_rowmax.testing.sass import split_instruction
 
 DEFAULT_CONFIG = compile_check.DEFAULT_CONFIG  # what a configuration not otherwise given compiles with
 
@@ -39,43 +36,6 @@ def compile_configs_sm103(configs: list[dict], tmp_path_factory, name: str = "sm
 def ci_report(arch: str, tmp_path_factory, extra_configs: tuple[dict, ...] = ()) -> dict:
     """The CI matrix of `compile_check`, plus `extra_configs` compiled in the same pool."""
     return compile_configs(arch, compile_check.ci_matrix(arch) + list(extra_configs), tmp_path_factory, arch)
-
-
-def _disassemble(cubin: Path) -> list[str]:
-    """The instruction stream as `compile_check.sass_stats` hashes it (addresses and encodings dropped)."""
-    sass = subprocess.run(
-        [compile_check.cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True
-    ).stdout
-    return [
-        line.split("*/", 1)[1].split(";")[0].strip()
-        for line in sass.splitlines()
-        if compile_check._SASS_LINE.search(line)
-    ]
-
-
-def sass(report: dict, compiled: dict) -> list[str]:
-    """The SASS instructions of one compiled result of `report` (its cubin found by the hash it reported)."""
-    by_hash = report.setdefault("sass_by_sha256", {})
-    cubins = iter(sorted(Path(report["workdir"]).glob(f"dump_*/{compiled['cubin']}")))
-    while compiled["sass_sha256"] not in by_hash:
-        cubin = next(cubins, None)
-        assert cubin is not None, f"no {compiled['cubin']} under {report['workdir']} has the reported SASS hash"
-        instructions = _disassemble(cubin)
-        by_hash[hashlib.sha256("\n".join(instructions).encode()).hexdigest()] = instructions
-    return by_hash[compiled["sass_sha256"]]
-
-
-def split_instruction(instruction: str) -> tuple[str, list[str]]:
-    """(mnemonic, operands) of one SASS instruction, its guard predicate (`@P0`) dropped."""
-    if instruction.startswith("@"):
-        instruction = instruction.split(None, 1)[1]
-    mnemonic, _, operands = instruction.partition(" ")
-    return mnemonic, [op.strip() for op in operands.split(",") if op.strip()]
-
-
-def mnemonic_counts(instructions: list[str]) -> Counter:
-    """How often each full mnemonic (with its modifiers: `FMNMX3.NAN`, `FMNMX.FTZ`) occurs."""
-    return Counter(split_instruction(ins)[0] for ins in instructions)
 
 
 def result(report: dict, **config) -> dict:

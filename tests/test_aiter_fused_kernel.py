@@ -41,7 +41,7 @@ from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
     fused_softmax_attention_reference,
     fused_softmax_attention_reference_varlen,
 )
-from tests.test_fused_softmax import ADVERSARIAL, adversarial_qkv  # noqa: E402
+from fa4_rowmax.testing.fused_softmax_inputs import ADVERSARIAL, adversarial_qkv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

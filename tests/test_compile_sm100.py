@@ -16,10 +16,7 @@ from compile_helpers import (  # noqa: E402
     full_matrix_only_on_request,
     h15_alu_pair_chains,
     h15_mufu_chains,
-    mnemonic_counts,
     pot_alu_chains,
-    sass,
-    split_instruction,
 )
 from compile_helpers import (
     ci_report as compile_ci_report,
@@ -27,6 +24,8 @@ from compile_helpers import (
 from compile_helpers import (
     result as _result,
 )
+
+from fa4_rowmax.testing.sass import mnemonic_counts, sass, split_instruction
 
 ARCH = "sm100"
 

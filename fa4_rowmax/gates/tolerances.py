@@ -299,7 +299,7 @@ def assert_within_bounds(
 #   these bounds against it.
 # - The H200 runs of 2026-12-01 (sessions 2 and 4): test_descales_match_reference[14-rowmax_h15] (GQA 7 with
 #   descales) failed on one row by 9.26e-5 both times, under the older delta. The CPU replay
-#   (scripts/fp8_qk_truncation_replay.py: the test's inputs from torch's CUDA Philox stream, the scores by this
+#   (studies/fp8_qk_truncation/replay.py: the test's inputs from torch's CUDA Philox stream, the scores by this
 #   rule, a model of the H15 kernel's softmax and finalize) finds exactly that: one row past the older bound
 #   (batch 1, q head 11, row 34: 35 keys, max score 30.51, scale_log2 x descales 0.0637) by 9.26e-5, and no
 #   exact-mode row (the H200 passed exact). The row max's score lost 0.0263 (1.09 times the older delta), which

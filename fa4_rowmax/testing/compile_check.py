@@ -32,8 +32,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 from fa4_rowmax import patching as fa4_patch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ARCH_ENV = {
     "sm90": {"FLASH_ATTENTION_ARCH": "sm_90", "CUTE_DSL_ARCH": "sm_90a", "FLASH_ATTENTION_NUM_SMS": "132"},
@@ -204,14 +205,15 @@ def cuobjdump() -> str:
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
-def sass_stats(cubin: Path) -> dict:
-    """Opcode counts and a hash of the instruction stream (addresses and encodings dropped)."""
+def disassemble(cubin: Path) -> list[str]:
+    """The cubin's instruction stream, one instruction a line, addresses and encodings dropped."""
     sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
-    instructions = []
-    for line in sass.splitlines():
-        match = _SASS_LINE.search(line)
-        if match:
-            instructions.append(line.split("*/", 1)[1].split(";")[0].strip())
+    return [line.split("*/", 1)[1].split(";")[0].strip() for line in sass.splitlines() if _SASS_LINE.search(line)]
+
+
+def sass_stats(cubin: Path) -> dict:
+    """Opcode counts and a hash of the instruction stream (`disassemble`)."""
+    instructions = disassemble(cubin)
     opcodes = Counter(ins.split()[0] if not ins.startswith("@") else ins.split()[1] for ins in instructions)
     counts = {
         op: sum(n for name, n in opcodes.items() if name == op or name.startswith(op + ".")) for op in COUNTED_OPS
@@ -253,6 +255,48 @@ def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: flo
         return {"config": config, "ok": False, "error": proc.stderr[-4000:]}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"config": config, "ok": True, **result}
+
+
+# The SM90 FP8 forward's compile configuration: causal, head dim 128, 256 keys (so FA4's three softmax sites are
+# unrolled), batch 2, 4 heads; the kernel's knobs come as JSON in argv[1].
+_FP8_SM90_WORKER = r"""
+import json, sys
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+kw = json.loads(sys.argv[1])
+with FakeTensorMode():
+    q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    k = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    flash_attn_fp8_sm90(q, k, k, causal=True, **kw)
+"""
+
+
+def compile_fp8_sm90(kwargs: dict, dump: Path, fa4_site: Path, timeout: float = 600) -> Path:
+    """The cubin of the SM90 FP8 forward with `kwargs` (`flash_attn_fp8_sm90`'s knobs), compiled for sm_90a in a
+    subprocess against `fa4_site` (a patched copy from `prepare_fa4_copies`) and kept under the new folder `dump`."""
+    dump.mkdir()
+    env = dict(
+        os.environ,
+        **ARCH_ENV["sm90"],
+        CUTE_DSL_KEEP="cubin",
+        CUTE_DSL_DUMP_DIR=str(dump),
+        PYTHONPATH=os.pathsep.join([str(fa4_site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        PYTHONWARNINGS="ignore",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _FP8_SM90_WORKER, json.dumps(kwargs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the SM90 FP8 forward with {kwargs} did not compile:\n{proc.stderr[-3000:]}")
+    cubins = sorted(dump.glob("*Sm90Fp8*.cubin"))
+    if len(cubins) != 1:
+        raise RuntimeError(f"expected one *Sm90Fp8*.cubin under {dump}, found {sorted(p.name for p in dump.iterdir())}")
+    return cubins[0]
 
 
 def prepare_fa4_copies(workdir: Path) -> dict[str, Path]:
@@ -316,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"compile_{args.arch}_{args.matrix}.json").write_text(json.dumps(report, indent=1))
     for r in report["results"]:
         c = r["config"]
-        desc = f"{c['mode']:<11} beta={c['beta']} {c['dtype']} causal={c['causal']} d={c['hdim']} gqa={c['gqa']} varlen={c['varlen']}"
+        desc = (
+            f"{c['mode']:<11} beta={c['beta']} {c['dtype']} causal={c['causal']} d={c['hdim']} gqa={c['gqa']} "
+            f"varlen={c['varlen']}"
+        )
         print(
             f"{'ok ' if r['ok'] else 'ERR'} {desc} "
             + (f"instr={r['instructions']} {r['counts']}" if r["ok"] else r["error"][-800:])

@@ -193,7 +193,8 @@ def _e4m3_satfinite(bits: np.ndarray) -> np.ndarray:
 
 
 def _lop3(a, b, c, lut: int) -> np.ndarray:
-    """Bit i of the result is bit (a_i b_i c_i as a 3-bit index) of `lut` (lop3's immLut: a = 0xF0, b = 0xCC, c = 0xAA)."""
+    """Bit i of the result is bit (a_i b_i c_i as a 3-bit index) of `lut` (lop3's immLut: a = 0xF0, b = 0xCC,
+    c = 0xAA)."""
     out = np.zeros_like(a)
     for index in range(8):
         if lut >> index & 1:

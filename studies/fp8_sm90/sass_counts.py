@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """SASS counts of the SM90 FP8 forward variants (CPU compile, sm_90a), per kernel and per score element.
 
-    python scripts/fp8_sm90_sass.py [OUT.json]
+    python -m studies.fp8_sm90.sass_counts [OUT.json]
 
-Each variant compiles in its own subprocess (tests/test_compile_sm90_fp8.py's worker: causal, head dim 128,
+Each variant compiles in its own subprocess (`compile_check.compile_fp8_sm90`: causal, head dim 128,
 256 keys, so FA4's three softmax sites are unrolled); per-element counts divide by 3 * tile_n / 2 element
 sites per thread. Prints a Markdown table.
 """
@@ -13,10 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_compile_sm90_fp8 import _compile, _count  # noqa: E402
-
-from fa4_rowmax.testing import compile_check  # noqa: E402
+from fa4_rowmax.testing import compile_check
+from fa4_rowmax.testing.sass import count, mnemonic_counts
 
 VARIANTS = {
     "fa4fp8_exact": dict(softmax_mode="exact"),
@@ -53,11 +51,11 @@ def main():
     site = compile_check.prepare_fa4_copies(workdir)["patched"]
     rows = {}
     for name, kwargs in VARIANTS.items():
-        ops = _compile(name, kwargs, workdir, site)
+        ops = mnemonic_counts(compile_check.disassemble(compile_check.compile_fp8_sm90(kwargs, workdir / name, site)))
         sites = 3 * kwargs.get("tile_n", 128) // 2
-        counts = {op: _count(ops, op) for op in OPS}
+        counts = {op: count(ops, op) for op in OPS}
         counts["F2FP.E4M3"] = sum(n for op, n in ops.items() if op.startswith("F2FP") and "E4M3" in op)
-        counts["QGMMA"] = _count(ops, "QGMMA")
+        counts["QGMMA"] = count(ops, "QGMMA")
         rows[name] = dict(kwargs=kwargs, instructions=sum(ops.values()), sites=sites, counts=counts)
         print(name, rows[name]["instructions"], counts, flush=True)
     if len(sys.argv) > 1:

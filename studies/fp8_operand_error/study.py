@@ -24,7 +24,7 @@ t = q k^T * scale * log2(e), the units of an exp2 softmax):
 Every quantized variant rounds the operands to bf16 first (the kernels cast bf16 q/k/v). The softmax and
 P are exact fp32 everywhere: P's rounding (e4m3 P in `exact_fp8`, MXFP8 P in the fused modes) is not modeled.
 
-    .venv/bin/python scripts/fp8_operand_error.py --model qwen2.5-1.5b --tokens 512 --e2e \
+    .venv/bin/python -m studies.fp8_operand_error.study --model qwen2.5-1.5b --tokens 512 --e2e \
         --out bench/results/fp8_operand_error_qwen15b.json
 """
 
@@ -371,7 +371,7 @@ def main():
         f"- {workload.provenance['model']}\n- text: Austen, tokens [{start}, {start + args.tokens}) "
         f"(full-block index {args.block_index} of {args.block_size}), head dim {head_dim}\n"
         f"- CPU ({result['settings']['cpu']}), torch {torch.__version__}, {args.threads} thread(s), "
-        f"{result['settings']['seconds']} s; command: `.venv/bin/python scripts/fp8_operand_error.py "
+        f"{result['settings']['seconds']} s; command: `.venv/bin/python -m studies.fp8_operand_error.study "
         f"--model {args.model} --tokens {args.tokens} --block-index {args.block_index}"
         f"{' --e2e' if args.e2e else ''}"
         f"{'' if args.e2e_transforms is None else ' --e2e-transforms ' + ' '.join(args.e2e_transforms)}"

@@ -2,7 +2,7 @@
 non-causal and causal, each in its own process (a fault is sticky), the output against the reference of the same
 mode on the CPU.
 
-    python scripts/aiter_sm90_launch_sweep.py OUT_DIR [--jobs 12]
+    python -m studies.aiter_h200_fault.launch_sweep OUT_DIR [--jobs 12]
 
 Why (docs/aiter_matrix_core.md, "The H200 fault"): on the H200 (2026-12-01) the MXFP8 kernel at tile 64 and head
 dim 32 hit an illegal memory access in "bf16" and "scaled", folded or not, and returned wrong values where it

@@ -12,8 +12,8 @@ fa4_rowmax/gates/tolerances.py).
 3. Against `attention_reference` (exact scores), per row: the bound before the fix (`fp8_kernel_bounds` as of
    a1df5f4, read from git) and the current one.
 
-    .venv/bin/python scripts/fp8_qk_truncation_replay.py            # the failing q head (11), H15: ~15 s
-    .venv/bin/python scripts/fp8_qk_truncation_replay.py --all      # all 14 q heads, both modes: minutes
+    .venv/bin/python -m studies.fp8_qk_truncation.replay            # the failing q head (11), H15: ~15 s
+    .venv/bin/python -m studies.fp8_qk_truncation.replay --all      # all 14 q heads, both modes: minutes
 
 Expected (the H200's outcome): rowmax_h15, one row past the older bound, (batch 1, q head 11, row 34), by 9.26e-05;
 exact, none; no row past the current bound.
@@ -36,7 +36,7 @@ from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
 from fa4_rowmax.reference.attention import attention_reference
 from fa4_rowmax.reference.mma_accumulator import emulated_matmul
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SHAPE = (2, 1000, 1000, 14, 2, 128)  # batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 SEED = 11

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tune the aiter_fused exact twin's launch on the H200 against FA4 stock, and time the MX paths (issue 14, item 5).
 
-    python3 scripts/aiter_fused_h200_tune.py OUTDIR [--seqlens 8K 16K] [--rounds 5] [--max-minutes 3.5]
+    python3 -m studies.aiter_h200_tune.tune OUTDIR [--seqlens 8K 16K] [--rounds 5] [--max-minutes 3.5]
 
 One sm_90 GPU (the H200), about 4 minutes. Writes OUTDIR/aiter_h200_tune.json (after every group, so a run cut
 short keeps what it measured) and prints one line per gate and per timed kernel.
@@ -33,11 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from aiter_fused.launch import LAUNCHES, Launch  # noqa: E402
-from bench.sweep import format_seqlen, parse_seqlen  # noqa: E402
+from aiter_fused.launch import LAUNCHES, Launch
+from bench.sweep import format_seqlen, parse_seqlen
 
 GOAL = 0.6  # issue 14, item 5: the exact twin at >= 0.6x FA4 stock, 8K and 16K, head dim 128, both masks
 TABLE = LAUNCHES["sm90"]

@@ -13,22 +13,19 @@ Inputs: q, k, v ~ N(0, sigma^2) rounded to BF16, batch 1, 8 heads, head_dim 128,
 softmax_scale = head_dim ** -0.5. The main table uses sigma = 1; ``--sigmas`` adds a sweep over input
 scales (fewer seeds), since the error of (a) and (b) grows with how peaked the softmax is.
 
-Usage: python scripts/fused_softmax_table.py [--seeds 10] [--seqlen 1024] [--out-dir bench/results]
+Usage: python -m studies.fused_softmax_synthetic.table [--seeds 10] [--seqlen 1024] [--out-dir bench/results]
 """
 
 import argparse
 import json
 import math
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from fa4_rowmax.reference.fused_softmax import (  # noqa: E402
+from fa4_rowmax.reference.fused_softmax import (
     MX_FORMATS,
     fused_softmax_attention_reference,
     quantize_operands,

@@ -7,7 +7,7 @@
 # blocking launches, and prints ok with the recoveries or FAIL with the aiter_fused frames:
 #   "bf16 0 64" fails too -> not the fold: the bf16 build at this shape (or Triton); then run that case under
 #   `compute-sanitizer --tool memcheck` if the machine has it. Only exp_fold=1 fails -> intermittent: repeat it.
-#   bash scripts/aiter_fold_gpu_diag.sh > OUT/aiter_fold_diag.log 2>&1
+#   bash studies/aiter_h200_fault/fold_diag.sh > OUT/aiter_fold_diag.log 2>&1
 # CASES="bf16 1 64" picks cases; SANITIZER=PATH runs each under `PATH --tool memcheck` (its report goes to stdout).
 CASES=${CASES:-"bf16 0 64|bf16 1 64|bf16 0 32|bf16 1 32|scaled 0 64|scaled 1 64"}
 IFS='|' read -ra CASE_LIST <<< "$CASES"
@@ -16,7 +16,7 @@ for case in "${CASE_LIST[@]}"; do
   CUDA_LAUNCH_BLOCKING=1 ${SANITIZER:+$SANITIZER --tool memcheck} ${PYTHON:-python3} -c "
 import torch, traceback
 from aiter_fused.attention import fused_softmax_attention
-from tests.test_fused_softmax import adversarial_qkv
+from fa4_rowmax.testing.fused_softmax_inputs import adversarial_qkv
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 q, k, v, scale = adversarial_qkv('late_max', 320)
 q, k, v = (t.bfloat16().to(device) for t in (q, k, v))

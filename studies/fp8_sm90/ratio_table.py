@@ -1,6 +1,6 @@
 """Ratio to FA3-FP8 of the FP8 rows of shared-benchmark JSONs, one Markdown row per shape (docs/fp8_sm90.md).
 
-    python scripts/fp8_ratio_table.py bench/results/h200_2026-12-01_s2/bench_fp8*/h200_fp8_*.json
+    python -m studies.fp8_sm90.ratio_table bench/results/h200_2026-12-01_s2/bench_fp8*/h200_fp8_*.json
 
 Every ratio is the benchmark's `speedup_vs_fa3_fp8` (median over interleaved rounds of FA3-FP8's time over the
 row's, same run); "error" rows are refusals (the MMA row sum past 2,048 keys), "(gate fail)" a failed output gate.

@@ -1,15 +1,15 @@
-"""aiter_fused.cost_model (a model, not a measurement): its arithmetic on fixed counts, and the H200 validation
-table (docs/aiter_cost_model.md) reproduced from the committed inputs, with its verdict (it does not validate)."""
+"""cost_model (a model, not a measurement): its arithmetic on fixed counts, and the H200 validation table
+(README.md here) reproduced from the committed inputs, with its verdict (it does not validate)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from aiter_fused import cost_model
+from studies.aiter_cost_model import cost_model
 
-DATA = Path(__file__).resolve().parents[1] / "bench" / "results" / "aiter_cost_model"
-# The exact twin at the table's sm90 entry, non-causal (bench/results/aiter_cost_model/sm90_counts.json).
+DATA = Path(__file__).resolve().parent / "results"
+# The exact twin at the table's sm90 entry, non-causal (studies/aiter_cost_model/results/sm90_counts.json).
 TWIN = dict(
     launch=dict(block_m=128, num_warps=8, tile_n=128),
     loop={"HGMMA.64x128x16.F32.BF16": 16},

@@ -1,23 +1,18 @@
 #!/usr/bin/env python3
-"""Regenerate the SM90 SASS the speed model is validated on (bench/results/speed_model/, docs/speed_model.md).
+"""Regenerate the SM90 SASS the speed model is validated on (results/, README.md here).
 
-    python scripts/speed_model_sass.py OUT_DIR      # OUT_DIR/sass_sm90/*.sass.gz, OUT_DIR/sass_sm90_fp8/*.sass.gz
+    python -m studies.speed_model.sass OUT_DIR      # OUT_DIR/sass_sm90/*.sass.gz, OUT_DIR/sass_sm90_fp8/*.sass.gz
 
 CPU only (FakeTensorMode compiles, compile_check's private FA4 copies); 18 kernels, a few minutes on 2 CPUs.
 """
 
 import gzip
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-import test_compile_sm90_fp8 as fp8  # noqa: E402
-from compile_helpers import sass  # noqa: E402
-
-from fa4_rowmax.testing import compile_check as cc  # noqa: E402
+from fa4_rowmax.testing import compile_check as cc
+from fa4_rowmax.testing.sass import sass
 
 D = dict(cc.DEFAULT_CONFIG)
 FOLD, VOTE = {"anchor_rounding": "half_octave"}, {"rescale_vote": True}
@@ -58,10 +53,7 @@ def main():
         print(name, r["instructions"], flush=True)
     site = cc.prepare_fa4_copies(work / "fp8")["patched"]
     for name, kwargs in FP8.items():
-        fp8._compile(name, kwargs, work / "fp8", site)
-        cubin = sorted((work / "fp8" / name).glob("*Sm90Fp8*.cubin"))[0]
-        text = subprocess.run([cc.cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
-        lines = [ln.split("*/", 1)[1].split(";")[0].strip() for ln in text.splitlines() if cc._SASS_LINE.search(ln)]
+        lines = cc.disassemble(cc.compile_fp8_sm90(kwargs, work / "fp8" / name, site))
         (fp8_dir / f"{name}.sass.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
         print(name, len(lines), flush=True)
 

@@ -1,9 +1,9 @@
 """Compile, on the CPU, every kernel the H200 tune run timed and record its sm_90a main-loop counts.
 
-    python scripts/aiter_cost_model_counts.py bench/results/aiter_cost_model/sm90_counts.json
+    python -m studies.aiter_cost_model.counts studies/aiter_cost_model/results/sm90_counts.json
 
-The inputs of ``aiter_fused.cost_model``'s H200 validation: the exact twin's candidates
-(``scripts/aiter_fused_h200_tune.py``'s ``CANDIDATES``) and its MX rows (``MX_ROWS``), both masks, head dim 128,
+The inputs of ``studies.aiter_cost_model.cost_model``'s H200 validation: the exact twin's candidates
+(``studies/aiter_h200_tune/tune.py``'s ``CANDIDATES``) and its MX rows (``MX_ROWS``), both masks, head dim 128,
 compiled by ``aiter_fused.compile_sm90.compile_one`` with the benchmark's integer specialization (32K tokens, 16
 heads). The JSON is rewritten after every compile, so an interrupted run keeps what it has. A record written before
 the schedule fields (``loop_stall_cycles``, ``loop_waits``, ...: Note [SASS control bits] in compile_sm90.py)
@@ -13,22 +13,16 @@ v1 validation reproduces bit-identically); its ``compile_seconds`` is kept.
 
 import dataclasses
 import json
-import runpy
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import triton
 
-import triton  # noqa: E402
+from aiter_fused.compile_check import Config
+from aiter_fused.compile_sm90 import compile_one
+from studies.aiter_h200_tune.tune import CANDIDATES, MX_ROWS, TABLE
 
-from aiter_fused.compile_check import Config  # noqa: E402
-from aiter_fused.compile_sm90 import compile_one  # noqa: E402
-
-# The tune script's launch candidates and MX rows, read from the file (scripts never go on sys.path).
-_TUNE = runpy.run_path(str(Path(__file__).with_name("aiter_fused_h200_tune.py")))
-CANDIDATES, MX_ROWS, TABLE = _TUNE["CANDIDATES"], _TUNE["MX_ROWS"], _TUNE["TABLE"]
 SCHEDULE_FIELDS = {"loop_stall_cycles", "loop_waits", "loop_waiting_instructions", "loop_wait_instructions"}
 
 

@@ -1,7 +1,7 @@
 """A static per-tile pipe model of FA4's SM90 forward, computed from a compiled kernel's SASS (issue 13, item 4).
 
-    python -m fa4_rowmax.stage.speed_model --validate bench/results/speed_model --json /tmp/model.json
-    python -m fa4_rowmax.stage.speed_model --rates h200-bf16 --stock STOCK.sass[.gz] VARIANT.sass[.gz] ...
+    python -m studies.speed_model.speed_model --validate studies/speed_model/results --json /tmp/model.json
+    python -m studies.speed_model.speed_model --rates h200-bf16 --stock STOCK.sass[.gz] VARIANT.sass[.gz] ...
 
 Pure Python: it reads SASS text (`cuobjdump -sass` output, or one instruction per line as
 `tests/compile_helpers.py::sass` returns it) and imports no cutlass. A MODEL, never a measurement: every number
@@ -43,7 +43,7 @@ they dilute any difference, so the model's ratios are the steady-state ones.
 What it leaves out, knowingly: dependency latencies and stalls (a single warp with one partner per SMSP does not
 reach one instruction per clock), register-bank conflicts, the producer warp's instructions, shared-memory
 traffic of the MMA operands, and the clock and power behaviour of the part. The H200 validation
-(docs/speed_model.md) says whether leaving them out is allowed.
+(studies/speed_model/README.md) says whether leaving them out is allowed.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def ratio_to_stock(stock: Prediction, variant: Prediction) -> float:
 # --- the H200 validation ---------------------------------------------------------------------------------------------
 
 # Skip fractions of the warp-vote branch (tiles on which no row of the warp moved its anchor): N(0, 1) inputs,
-# 64 KV tiles of 128 keys (8K), 16 rows per warp; Note [Vote skip fractions] in docs/speed_model.md. Only the vote
+# 64 KV tiles of 128 keys (8K), 16 rows per warp; Note [Vote skip fractions] in README.md here. Only the vote
 # variants have an in-loop forward branch; for the others `skip` changes nothing.
 VOTE_SKIP = {
     "fa4_exact_vote": 0.5,

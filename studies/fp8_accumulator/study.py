@@ -17,7 +17,7 @@ Per block:
 - end to end: the block's delta-NLL, KL and top-1 agreement against the baseline for each mode x width, the
   reference fed bf16 q/k/v as the study's `sim_bf16in_` runs are.
 
-    .venv/bin/python scripts/fp8_accumulator_study.py --blocks 2 --bits none 13 --layers 0 \
+    .venv/bin/python -m studies.fp8_accumulator.study --blocks 2 --bits none 13 --layers 0 \
         --out bench/results/fp8_accumulator_study_qwen15b.json
 """
 

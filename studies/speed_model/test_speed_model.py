@@ -1,14 +1,14 @@
-"""The SASS speed model's arithmetic (fa4_rowmax/stage/speed_model.py, Note [Per-tile pipe model]) on hand-written
-SASS snippets, and its committed H200 validation (bench/results/speed_model/, docs/speed_model.md). CPU only, no
+"""The SASS speed model's arithmetic (studies/speed_model/speed_model.py, Note [Per-tile pipe model]) on hand-written
+SASS snippets, and its committed H200 validation (results/, README.md here). CPU only, no
 compile: the validation reads the committed SASS."""
 
 from pathlib import Path
 
 import pytest
 
-from fa4_rowmax.stage import speed_model as sm
+from studies.speed_model import speed_model as sm
 
-ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
 RATES = sm.Rates("test", gemm_tflops=132 * 1e-3 * 4096, sms=132, clock_mhz=1000.0, source="test: 4096 FLOP/clk/SM")
 
 
@@ -126,10 +126,10 @@ def test_the_vote_branch_is_weighted_by_its_skip_fraction():
 
 
 def test_the_committed_h200_validation_fails_as_documented():
-    """docs/speed_model.md: the model predicts every SM90 BF16 and FP8 variant tensor-bound (ratio 1.00), the
+    """studies/speed_model/README.md: the model predicts every SM90 BF16 and FP8 variant tensor-bound (ratio 1.00), the
     ratio-1 null model; it gets none of the points that moved by more than 3 points, so it fails its validation
     and no B200 prediction is published. A model change that alters this must update the document."""
-    result = sm.validate(ROOT / "bench" / "results" / "speed_model")
+    result = sm.validate(RESULTS)
     summary = result["summary"]
     assert summary["points"] == 40 and summary["passes"] is False
     assert summary["moved_points_within_3"] == 0

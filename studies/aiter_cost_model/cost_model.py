@@ -1,12 +1,12 @@
 """A static cost model of the Fused-Softmax kernel from its compiled main loop (issue 14, item 4): a MODEL.
 
-    python -m aiter_fused.cost_model --validate bench/results/aiter_cost_model [--json OUT]
+    python -m studies.aiter_cost_model.cost_model --validate studies/aiter_cost_model/results [--json OUT]
 
 Pure Python, no GPU. Inputs: the main-loop counts ``compile_sm90.compile_one`` records (per warp and KV tile:
-instructions, the HGMMA/QGMMA shapes, registers, shared memory; ``scripts/aiter_cost_model_counts.py`` compiles
+instructions, the HGMMA/QGMMA shapes, registers, shared memory; ``studies/aiter_cost_model/counts.py`` compiles
 every kernel the H200 tune run timed into ``sm90_counts.json``) and the measured times of that run
 (``measured_h200.json``). Everything this module outputs is a **model prediction, not a measurement**;
-``docs/aiter_cost_model.md`` has the validation and its verdict.
+``studies/aiter_cost_model/README.md`` has the validation and its verdict.
 
 Note [Per-tile cost rule]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -60,15 +60,15 @@ criterion (``CRITERION``) are unchanged; v2 is a method beside v1, whose output 
 Note [Cost model constants]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 H200 (``H200``): 132 SMs, 4 SMSPs per SM, 1 warp instruction per clock per SMSP (the Hopper SM's one dispatch
-per scheduler, as ``docs/speed_model.md`` uses it), clock 1980 MHz (the run's ``clocks.max.sm``). Tensor rates:
-the measured GEMM rates that ``docs/speed_model.md`` uses (BF16 790 TF, torch bf16 GEMM 8192^3 -> 3,023 FLOP per
+per scheduler, as ``studies/speed_model/`` uses it), clock 1980 MHz (the run's ``clocks.max.sm``). Tensor rates:
+the measured GEMM rates that ``studies/speed_model/`` uses (BF16 790 TF, torch bf16 GEMM 8192^3 -> 3,023 FLOP per
 clock per SM at 1980 MHz; e4m3 1,456 TF -> 5,571), so ``T`` carries the GEMM's sustained efficiency and clock.
 The datasheet rates (``H200_DATASHEET``: 4,096 BF16 / 8,192 FP8 dense FLOP per clock per SM, i.e. 989.4 /
 1,978.9 TF at 1830 MHz over 132 SMs; NVIDIA's H100 whitepaper as quoted on forums.developer.nvidia.com/t/244727
 and glennklockwood.com/garden/processors/h100; H200 has the H100 SXM5's SMs) are the sensitivity. Occupancy: 65,536
 registers per SM (allocated per thread in units of 8), 228 KB shared memory per SM with 1 KB reserved per block,
 64 warps per SM (CUDA programming guide's cc 9.0 limits, as remembered, not re-checked here).
-gfx950 (MI355X): no constant is taken, because the method did not validate (``docs/aiter_cost_model.md``).
+gfx950 (MI355X): no constant is taken, because the method did not validate (``studies/aiter_cost_model/README.md``).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def _spearman(a: list, b: list) -> float:
 
 
 # The acceptance criterion for using the method on gfx950, fixed before any prediction was computed (after the
-# measured JSON had been read; docs/aiter_cost_model.md says what was known then). Errors are relative time
+# measured JSON had been read; studies/aiter_cost_model/README.md says what was known then). Errors are relative time
 # errors, (predicted - measured) / measured, over every timed Fused-Softmax kernel and shape.
 CRITERION = dict(
     median_abs_error=0.10,  # median |error| at most 10 %
