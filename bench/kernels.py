@@ -138,16 +138,24 @@ FP8_PV_ACCUMULATIONS = ("single", "two_level")
 FP8_FUNC_VARIANTS = {"fa4_fp8_func_exact": {}, "fa4_fp8_func_h15": {"softmax_mode": "rowmax_h15"}}
 # The kernel's per-element levers one at a time, and all together (issue 11, "What decides it"): the row sum
 # by the PV MMA (ones columns in V^T) and the warp-vote O-rescale skip; timed at the focus shape with the map.
+# The vote skips the O rescale of single-level accumulation only (two-level promotes every tile; the kernel refuses
+# the pair), so its rows ask for pv_accumulation="single".
 FP8_LEVERS = {
     "fa4_fp8_h15_mma": {"softmax_mode": "rowmax_h15", "row_sum": "mma"},
-    "fa4_fp8_h15_vote": {"softmax_mode": "rowmax_h15", "rescale_vote": True},
+    "fa4_fp8_h15_vote": {"softmax_mode": "rowmax_h15", "rescale_vote": True, "pv_accumulation": "single"},
     "fa4_fp8_h15_fold_vote_mma": {
         "softmax_mode": "rowmax_h15",
         "anchor_rounding": "half_octave",
         "rescale_vote": True,
         "row_sum": "mma",
+        "pv_accumulation": "single",
     },
-    "fa4_fp8_exact_vote_mma": {"softmax_mode": "exact", "rescale_vote": True, "row_sum": "mma"},
+    "fa4_fp8_exact_vote_mma": {
+        "softmax_mode": "exact",
+        "rescale_vote": True,
+        "row_sum": "mma",
+        "pv_accumulation": "single",
+    },
     # KV tile 192 (fastest in the kernel's own interleaved timing, docs/fp8_sm90.md), fp32 and MMA row sums.
     "fa4_fp8_exact_n192": {"softmax_mode": "exact", "tile_n": 192},
     "fa4_fp8_h15_n192": {"softmax_mode": "rowmax_h15", "tile_n": 192},
@@ -622,12 +630,24 @@ def _vllm_fa3_fp8_binder(fwd, q, k, v, causal):
 FP8_SM90_ENTRY = ("fa4_rowmax.fp8_sm90", "flash_attn_fp8_sm90")
 
 
+def fp8_sm90_accepted_knobs(fn: Callable) -> set[str]:
+    """The keywords the FP8 SM90 entry `fn` takes: those its signature names, and, when it takes `**knobs`, the
+    stage knobs fa4_rowmax.config.STAGE_KNOBS lists for the "sm90_fp8" kernel (which it validates them against)."""
+    params = inspect.signature(fn).parameters
+    accepted = {name for name, p in params.items() if p.kind is not p.VAR_KEYWORD}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        stage_knobs, _ = _lookup("fa4_rowmax.config", "STAGE_KNOBS")
+        accepted |= {name for name, knob in (stage_knobs or {}).items() if "sm90_fp8" in knob.kernels}
+    return accepted
+
+
 def _fp8_sm90_loader(knobs: dict) -> Callable:
     """The FP8 SM90 entry, unavailable when it lacks one of `knobs`' arguments."""
 
     def load() -> Callable:
         fn = _load(*FP8_SM90_ENTRY)
-        missing = missing_kwargs(fn, tuple(knobs))
+        accepted = fp8_sm90_accepted_knobs(fn)
+        missing = [name for name in knobs if name not in accepted]
         if missing:
             raise KernelUnavailable(f"flash_attn_fp8_sm90 has no {', '.join(missing)} argument")
         return fn

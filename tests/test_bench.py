@@ -651,7 +651,14 @@ def test_fp8_kernel_rows_and_support_rules():
         "anchor_rounding": "half_octave",
         "rescale_vote": True,
         "row_sum": "mma",
+        "pv_accumulation": "single",
     }
+    # the vote skips single-level accumulation's O rescale: every vote row asks for it
+    assert all(
+        dict(spec.knobs).get("pv_accumulation") == "single"
+        for spec in KERNELS.values()
+        if spec.family == "fa4_fp8" and dict(spec.knobs).get("rescale_vote")
+    )
     # the call a user writes (flash_attn_func, no lever) and the direct call with each P.V accumulation
     assert dict(KERNELS["fa4_fp8_func_exact"].knobs) == {"entry": "flash_attn.cute.flash_attn_func"}
     assert dict(KERNELS["fa4_fp8_func_h15"].knobs)["softmax_mode"] == "rowmax_h15"

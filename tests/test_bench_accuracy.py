@@ -230,6 +230,32 @@ def test_plot_says_why_when_nothing_was_measured(tmp_path):
     assert not (tmp_path / "p.png").exists()
 
 
+def test_fp8_sm90_rows_follow_the_entry_points_keywords():
+    """A row is available when flash_attn_fp8_sm90 takes its knobs, by name or through **knobs validated against
+    fa4_rowmax.config.STAGE_KNOBS (the entry's two signatures), else unavailable naming the missing knob."""
+    import fa4_rowmax.config as config
+    from bench.kernels import fp8_sm90_accepted_knobs
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    def named(q, k, v, causal=False, softmax_mode="exact", *, tile_n=128):
+        pass
+
+    def through_knobs(q, k, v, causal=False, softmax_mode="exact", **knobs):
+        pass
+
+    stage = {n for n, knob in getattr(config, "STAGE_KNOBS", {}).items() if "sm90_fp8" in knob.kernels}
+    assert fp8_sm90_accepted_knobs(named) == {"q", "k", "v", "causal", "softmax_mode", "tile_n"}
+    assert fp8_sm90_accepted_knobs(through_knobs) == {"q", "k", "v", "causal", "softmax_mode"} | stage
+    accepted = fp8_sm90_accepted_knobs(flash_attn_fp8_sm90)
+    for name in ("fa4_fp8_exact_two_level", "fa4_fp8_h15_single", "fa4_fp8_exact_n192", "fa4_fp8_h15_vote"):
+        missing = [knob for knob in dict(KERNELS[name].knobs) if knob not in accepted]
+        reason = KERNELS[name].unavailable_reason()
+        if missing:
+            assert reason == f"flash_attn_fp8_sm90 has no {', '.join(missing)} argument", name
+        else:
+            assert reason is None, (name, reason)
+
+
 # ---- vLLM's FA3 peer ------------------------------------------------------------------------------------------
 
 
