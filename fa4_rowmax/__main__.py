@@ -13,17 +13,19 @@ The main job, `python -m bench.main_job`, runs these gates and then the short be
 The single-tile gate always compares against the reference Rowmax-H15 (threshold 0; one tile never meets
 the threshold).
 
-Exit status: 0 when every gate gave what it must; 1 when one did not, or a kernel raised while gated;
-2 for a usage error; 3 when the gates were right but, on a GPU, the kernels could not be loaded.
+The output is one line per subject and dtype and a summary (`--verbose`: every gate's table; a subject with
+a gate that gave other than it must always shows its table).
 """
 
 import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,6 +36,13 @@ from fa4_rowmax.reference.attention import attention_reference
 
 CPU_SEEDS = (0, 1)
 GPU_SEEDS = (0, 1, 2)
+
+EXIT_STATUS = """exit status:
+  0  every gate gave what it must
+  1  a gate gave other than it must, or a kernel raised while gated
+  2  a usage error (a bad argument, an output path that cannot be written; checked before any gate runs),
+     or the --json file could not be written at the end
+  3  the gates were right but, on a GPU, the kernels could not be loaded (see --reference-only)"""
 
 
 @dataclass(frozen=True)
@@ -119,20 +128,30 @@ def _report_json(subject: Subject, report: GateReport, dtype: torch.dtype) -> di
     }
 
 
-def _gate_subject(subject, reference, dtypes, device, seeds, results) -> bool:
-    """Run the suite on one subject, print it, append its JSON rows; False if it raised."""
+def _gate_subject(subject, reference, dtypes, device, seeds, results, verbose: bool) -> bool:
+    """Run the suite on one subject, print a line per dtype (or its table), append its JSON rows; False if
+    it raised."""
     for dtype in dtypes:
         start = time.perf_counter()
         try:
             reports = run_gates(subject.backend, reference, dtype=dtype, device=device, seeds=seeds)
         except Exception as error:  # a kernel that raises under the gates has failed them
-            print(f"\n{subject.label} [{dtype}]: FAILED TO RUN: {type(error).__name__}: {error}")
+            print(f"{subject.label} [{dtype}]: FAILED TO RUN: {type(error).__name__}: {error}")
             results.append({"subject": subject.label, "dtype": str(dtype), "error": f"{type(error).__name__}: {error}"})
             return False
         elapsed = time.perf_counter() - start
         title = f"{subject.label}, {str(dtype).removeprefix('torch.')} on {device} ({elapsed:.1f} s)"
-        print()
-        print(format_report(reports, title=title, expect_pass=[subject.must_pass(r) for r in reports]))
+        expect_pass = [subject.must_pass(r) for r in reports]
+        as_expected = sum(r.passed == e for r, e in zip(reports, expect_pass))
+        if verbose or as_expected < len(reports):
+            print()
+            print(format_report(reports, title=title, expect_pass=expect_pass))
+        else:
+            failing = len(reports) - sum(expect_pass)
+            print(
+                f"ok  {title}: {len(reports)} gates gave what they must"
+                + (f" ({failing} by failing, as a control must)" if failing else "")
+            )
         results.extend(_report_json(subject, r, dtype) for r in reports)
     return True
 
@@ -145,8 +164,40 @@ def _resolve_device(parser: argparse.ArgumentParser, device: str) -> str:
     return device
 
 
+def unwritable_reason(path: str) -> str | None:
+    """Why a file cannot be written (created or replaced) at `path`, or None when it can."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{path} is a directory"
+    folder = target.parent
+    if not folder.exists():
+        return f"directory {folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"directory {folder} is not writable"
+    return None
+
+
+def write_json_atomically(path: str, doc: dict) -> None:
+    """Write `doc` to `path` whole or not at all: a temporary file beside it, renamed over it."""
+    temporary = f"{path}.tmp"
+    try:
+        with open(temporary, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fa4_rowmax", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fa4_rowmax",
+        description=__doc__.splitlines()[0],
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--device",
         choices=("cpu", "cuda", "auto"),
@@ -166,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="on cuda, gate the reference alone (the GPU simulation) and do not load the FA4 kernels",
     )
+    parser.add_argument("--verbose", action="store_true", help="print every gate's table, not one line per subject")
     args = parser.parse_args(argv)
+    if args.json is not None and (why := unwritable_reason(args.json)) is not None:
+        parser.error(f"--json {args.json}: {why}")
     device = _resolve_device(parser, args.device)
     seeds = tuple(args.seeds) if args.seeds else (CPU_SEEDS if device == "cpu" else GPU_SEEDS)
 
@@ -176,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"device": device, "torch": torch.__version__, "seeds": list(seeds), "results": results}
     print(f"fa4_rowmax gates on {device} (torch {torch.__version__}), seeds {list(seeds)}")
     ran_cleanly = all(
-        _gate_subject(subject, reference, (torch.bfloat16,), device, seeds, results)
+        _gate_subject(subject, reference, (torch.bfloat16,), device, seeds, results, args.verbose)
         for subject in _reference_subjects()
     )
 
@@ -190,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             kernel_missing = True
             print(f"\nkernel not available: {why} (pass --reference-only to gate the reference alone)")
         for subject in kernels:
-            ran_cleanly &= _gate_subject(subject, reference, (torch.bfloat16, torch.float16), device, seeds, results)
+            ran_cleanly &= _gate_subject(
+                subject, reference, (torch.bfloat16, torch.float16), device, seeds, results, args.verbose
+            )
         if _is_sm90():
             fp8_kernels, fp8_why = _fp8_kernel_subjects()
             summary["fp8_kernel"] = "available" if fp8_why is None else f"not available: {fp8_why}"
@@ -199,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\nSM90 FP8 kernel not available: {fp8_why}")
             fp8_reference = _fp8_reference_backend()
             for subject in fp8_kernels:
-                ran_cleanly &= _gate_subject(subject, fp8_reference, (torch.float8_e4m3fn,), device, seeds, results)
+                ran_cleanly &= _gate_subject(
+                    subject, fp8_reference, (torch.float8_e4m3fn,), device, seeds, results, args.verbose
+                )
         else:
             summary["fp8_kernel"] = "not tried (not SM90)"
     else:
@@ -217,12 +275,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"all {len(results)} gates gave what they must ({time.perf_counter() - start:.1f} s)")
 
+    written = True
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+        try:
+            write_json_atomically(args.json, summary)
+        except OSError as error:
+            print(f"{parser.prog}: error: --json {args.json}: {error}", file=sys.stderr)
+            written = False
 
     if unexpected or not ran_cleanly:
         return 1
+    if not written:
+        return 2
     if kernel_missing:
         return 3
     return 0
