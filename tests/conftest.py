@@ -21,6 +21,7 @@ HAS_CUDA = torch.cuda.is_available()
 # tensors. Set here, before any test module is collected, the order of the modules no longer matters. The
 # compile tests unset it in their subprocesses (the interpreter replaces compilation).
 if not HAS_CUDA:
+from hypothesis import HealthCheck, settings
     os.environ.setdefault("TRITON_INTERPRET", "1")
 STRICT_SKIPS = os.environ.get("LOWPREC_STRICT_SKIPS") == "1"
 ALLOWED_SKIP_PREFIXES = ("needs a CUDA GPU", "opt-in:")
@@ -69,4 +70,19 @@ def pytest_collectreport(report):
 
 
 # Helper modules whose asserts should report like a test's.
-pytest.register_assert_rewrite("compile_helpers")
+pytest.register_assert_rewrite("compile_helpers", "property_helpers")
+# Note [Hypothesis profiles]: the property suites (tests/test_properties*.py) run under a fixed seed and a small
+# budget by default, so CI is reproducible and bounded; LOWPREC_HYPOTHESIS_PROFILE=deep turns on a random seed and
+# more examples (a nightly-style search; a failure prints the example and the blob to replay it). Each test's own
+# budget is scaled by `property_helpers.examples`. No example database: nothing is written to the tree.
+PROFILE_ENV = "LOWPREC_HYPOTHESIS_PROFILE"
+_quiet_health = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, suppress_health_check=_quiet_health)
+settings.register_profile(
+    "deep", derandomize=False, database=None, deadline=None, print_blob=True, suppress_health_check=_quiet_health
+)
+_profile = os.environ.get(PROFILE_ENV, "ci")
+if _profile not in ("ci", "deep"):
+    raise pytest.UsageError(f"{PROFILE_ENV} must be one of ('ci', 'deep'); got {_profile!r}")
+settings.load_profile(_profile)
+
