@@ -370,3 +370,111 @@ def test_rounding_midpoint_distance_is_the_true_nearest_midpoint(dtype):
     assert torch.allclose(distance, true, rtol=1e-9, atol=0.0)
     step = (grid[torch.searchsorted(grid, p, right=True)] - grid[torch.searchsorted(grid, p, right=True) - 1]) / p
     assert (ulp_share >= step * (1 - 1e-12)).all()  # one rounding step relative to p, never under-counted
+
+
+# --- two-level P V accumulation (Note [Two-level P V accumulation bound]) --------------------------------------
+
+
+def _long_rows(keys: int, rows: int = 4, v_mean: float = 1.0, seed: int = 21, head_dim: int = 128):
+    """The H200 accuracy study's adversarial rows (studies/fp8_accumulator): diffuse attention (q, k ~ 0.35
+    N(0, 1)) over V of mean 1, so O ~ 1 is large against each tile's share of it; e4m3."""
+    gen = torch.Generator().manual_seed(seed)
+    q = 0.35 * torch.randn(1, rows, 1, head_dim, generator=gen)
+    k = 0.35 * torch.randn(1, keys, 1, head_dim, generator=gen)
+    v = torch.randn(1, keys, 1, head_dim, generator=gen) + v_mean
+    return [t.to(torch.float8_e4m3fn) for t in (q, k, v)]
+
+
+@pytest.fixture
+def one_thread():
+    """The emulated accumulator runs many small ops per k-block: one thread avoids the pool's synchronisation,
+    which dominates on a loaded machine (10-20x on 2 shared CPUs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("mode, causal", [("exact", False), ("rowmax_h15", True)])
+def test_two_level_bound_covers_two_level_accumulation_and_not_single_level(mode, causal, one_thread):
+    """The reference with Hopper's accumulation in both GEMMs (its emulated accumulator, 13 bits) and two-level P V
+    stays within the two-level `fp8_kernel_bounds` of the stock reference on long diffuse rows over V of mean 1;
+    the same with single-level P V (O the wgmma's accumulator input) leaves that bound on every row (the H200's
+    FA3-FP8 loses 10 % of O at 8K keys; here 1.7-3.1 times the bound) and stays within the single-level one. (H15's
+    two-level error is 0 here: the tile sums' truncation stays below the BF16 output's rounding.)"""
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+
+    q, k, v = _long_rows(keys=8192, rows=2, head_dim=64)
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    ref_out, ref_lse = attention_reference(q, k, v, config, causal=causal)
+    errors = {}
+    for promotion in ("tile", "none"):
+        emulated = dataclasses.replace(config, accumulator_mantissa_bits=13, accumulator_promotion=promotion)
+        if mode == "rowmax_h15":  # P V alone: the score GEMM's truncation is tested above; this keeps it brief
+            emulated = dataclasses.replace(emulated, accumulator_gemms="pv")
+        out, lse = attention_reference(q, k, v, emulated, causal=causal)
+        errors[promotion] = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True), (lse - ref_lse).abs()
+    bounds = {s: fp8_kernel_bounds(q, k, v, config, causal, pv_accumulation=s) for s in ("two_level", "single")}
+    two_out, two_lse = bounds["two_level"]
+    assert (errors["tile"][0] <= two_out).all() and (errors["tile"][1] <= two_lse).all()
+    assert (errors["none"][0] > 1.2 * two_out).all()
+    assert (errors["none"][0] <= bounds["single"][0]).all() and (errors["none"][1] <= bounds["single"][1]).all()
+    assert float(two_out.max()) < float(bounds["single"][0].min()) / 4
+
+
+def _promoted_sums(p: torch.Tensor, factors: torch.Tensor, tile_n: int, two_level: bool) -> torch.Tensor:
+    """sum_j p_j (a ones column: the MMA row sum) through the emulated e4m3 wgmma, tile by tile with each tile's
+    rescale factor (c_t <= 1) applied to what came before: single-level (the sum the accumulator input, scaled
+    in fp32) or two-level (fresh per tile, promoted by the exactly rounded FFMA)."""
+    from fa4_rowmax.reference.mma_accumulator import emulated_matmul, fma_fp32
+
+    ones = torch.ones(1, tile_n)
+    total = torch.zeros(p.shape[0], 1)
+    for t, c in zip(range(0, p.shape[1], tile_n), factors):
+        tile = p[:, t : t + tile_n]
+        if two_level:
+            total = fma_fp32(total, c, emulated_matmul(tile, ones[:, : tile.shape[1]], 13, -6, -6))
+        else:
+            total = emulated_matmul(tile, ones[:, : tile.shape[1]], 13, -6, -6, c=total * c)
+    return total[:, 0]
+
+
+def test_fp8_pv_sum_error_covers_the_mma_row_sum_of_both_schemes(one_thread):
+    """`fp8_pv_sum_error` on a ones column (the MMA row sum): e4m3 weights of a diffuse row (2^8 down to 2^6, FA4's
+    max_offset 8), 8,192 keys, each tile's factor c_t <= 1: two-level within its per-tile bound, single-level
+    within its own and past the two-level one (the sum swamps each tile's weights)."""
+    from fa4_rowmax.gates.tolerances import fp8_pv_sum_error
+
+    gen = torch.Generator().manual_seed(4)
+    keys, tile_n = 8192, 128
+    p = torch.exp2(8 - 2 * torch.rand(3, keys, generator=gen)).to(torch.float8_e4m3fn).float()
+    factors = torch.exp2(-0.01 * torch.rand(keys // tile_n, generator=gen))
+    factors[-1] = 1.0
+    later = torch.cat([torch.flip(torch.cumprod(torch.flip(factors[1:], [0]), 0), [0]), torch.ones(1)])
+    exact = (p.double().view(3, -1, tile_n).sum(-1) * later.double()).sum(-1)
+    relative = {
+        two: ((_promoted_sums(p, factors, tile_n, two).double() - exact).abs() / exact) for two in (True, False)
+    }
+    two_level = fp8_pv_sum_error(keys, "two_level", tile_n)
+    assert (relative[True] <= two_level).all()
+    assert (relative[False] <= fp8_pv_sum_error(keys, "single", tile_n)).all()
+    assert (relative[False] > 4 * two_level).all()
+    assert fp8_pv_sum_error(128 * keys, "two_level", tile_n) < 1.05 * two_level  # flat in the keys (1M here)
+
+
+def test_fp8_kernel_bounds_default_is_single_level_and_refuses_other_schemes():
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds, fp8_pv_sum_error
+
+    q, k, v = _long_rows(keys=300, rows=3)
+    config = SoftmaxConfig(mode="exact", max_offset=FP8_MAX_OFFSET, tile_n=128)
+    default = fp8_kernel_bounds(q, k, v, config, True, None, True)
+    single = fp8_kernel_bounds(q, k, v, config, True, None, True, pv_accumulation="single")
+    two = fp8_kernel_bounds(q, k, v, config, True, None, True, pv_accumulation="two_level")
+    assert all(torch.equal(a, b) for a, b in zip(default, single))
+    assert not torch.equal(default[0], two[0])
+    with pytest.raises(ValueError, match=r"pv_accumulation must be one of \('single', 'two_level'\), got 'tile'"):
+        fp8_kernel_bounds(q, k, v, config, True, pv_accumulation="tile")
+    with pytest.raises(ValueError, match="pv_accumulation must be one of"):
+        fp8_pv_sum_error(300, "two-level", 128)

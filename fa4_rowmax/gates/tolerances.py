@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+from fa4_rowmax.config import FP8_MAX_OFFSET, PV_ACCUMULATIONS, SoftmaxConfig
 from fa4_rowmax.reference.attention import p_dtype_for
 from fa4_rowmax.reference.mma_accumulator import FP8_MMA_K, exponent_fields, min_normal_exponent
 
@@ -222,7 +222,8 @@ def assert_within_bounds(
     lse_err = (lse[finite].float() - ref_lse[finite].float()).abs()
     worst = int(torch.argmax(lse_err - bounds.lse.to(lse.device)[finite])) if lse_err.numel() else 0
     assert (lse_err <= bounds.lse.to(lse.device)[finite]).all(), (
-        f"LSE off by {float(lse_err[worst]):.3g} where the bound is {float(bounds.lse.to(lse.device)[finite][worst]):.3g}"
+        f"LSE off by {float(lse_err[worst]):.3g} where the bound is "
+        f"{float(bounds.lse.to(lse.device)[finite][worst]):.3g}"
     )
     out_err = (out.float() - ref_out.float()).abs().amax(-1, keepdim=True)
     excess = out_err - bounds.out.to(out.device)
@@ -260,7 +261,9 @@ def assert_within_bounds(
 #   itself, all at most the row's final sum. So a sum over L_k keys is off by at most A = ceil(L_k / 32) 34 2^-13
 #   of the row sum (a worst case; measured errors are far smaller): out moves by A max|v|, and with the MMA row
 #   sum also the normaliser, by A (out: A max|v|, LSE: A). The MMA row sum adds the e4m3 P where the reference
-#   adds the fp32 weights (exact mode): up to 2^-4 more, relative. Both sides round out to BF16.
+#   adds the fp32 weights (exact mode): up to 2^-4 more, relative. Both sides round out to BF16. That is
+#   single-level accumulation (`pv_accumulation="single"`, O the wgmma's accumulator input on every tile); the
+#   two-level kernel's term is per tile instead (Note [Two-level P V accumulation bound] below).
 # - beta (exact): the emulated exponentials (Note [exp2 emulation error] below) are off by up to
 #   EX2_EMULATION_REL_ERROR relative, as if y moved by EX2_EMULATION_LOG2_ERROR = -log2(1 - 8.8e-5) = 1.27e-4
 #   octaves. err_j gains that term, for every element of the row (which elements the emulation takes depends on
@@ -305,6 +308,41 @@ def assert_within_bounds(
 #   exact-mode row (the H200 passed exact). The row max's score lost 0.0263 (1.09 times the older delta), which
 #   H15's LSE carries whole; exact's LSE averages the errors over the row's softmax.
 FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma keeps 14 significant bits (13 fraction bits), truncated
+
+# Note [Two-level P V accumulation bound]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# With `pv_accumulation="two_level"` (Note [Two-level P V accumulation], reference/mma_accumulator.py) each KV
+# tile's P V starts from a fresh accumulator and is promoted into the fp32 O by O = fma(O, c_t, acc_t). Per output
+# element d, with U_t = sum over the tile's keys of p_j |v_jd| (p the kernel's e4m3 weights in its scale there):
+# - The tile's sum runs nb = ceil(n_t / 32) k-blocks (n_t <= tile_n keys). In each, every term (the 32 products,
+#   and c from the second block on, a partial sum of the tile) is at most U_t in magnitude, so the alignment grid
+#   is at most 2^-13 U_t: the products lose less than 32 grid units, c less than one, the block's result less than
+#   2^-13 of itself (<= U_t (1 + A_t)), the running error carried along: |acc_t - exact| <= A_t (1 + A_t) U_t with
+#   A_t = nb 34 2^-13 (Note [Hopper FP8 accumulation]'s count, per tile instead of per row).
+# - The promotion rounds once, by at most 2^-24 of the new O (<= the sum of p |v_d| so far). The factors c_t <= 1
+#   only shrink what came before, so over the T = ceil(L_k / tile_n) tiles, in the final scale, the tile errors
+#   sum to at most A_t (1 + A_t) U and the promotions to T 2^-24 U, U = sum_j p_j |v_jd| over the row:
+#   `fp8_pv_sum_error(L_k, "two_level", tile_n)` of U, independent of L_k but for the promotions (A_t = 0.0166 at
+#   tile_n 128, 0.0291 at 224). Single-level's count is the same with one "tile" of L_k keys, capped at 1, and
+#   charged against L max|v| (the bound above).
+# - The reference's own fp32 P V (its rescale multiply and add, 2 roundings per tile, and its fp32 matmul over a
+#   tile, gamma_(n_t)) adds (2 T 2^-24 + gamma_(tile_n)) U. Single-level's A grows by 34 2^-13 per k-block and
+#   dwarfs that term, so the single-level bound leaves it out.
+# - out = acc / L moves by the above times U / L = sum_j w_j |v_jd| with w_j >= p_j / L per key
+#   (`_two_level_weight_bound`): exact, FADD row sum of the fp32 weights: ((1 + 2^-4) pi_j (+ 2^-18 2^delta_max
+#   where the weight can be an e4m3 subnormal, y_j + delta_j < -6)) 2^a_j S, as in the smooth drift above; H15, whose
+#   row sum adds the very P: pi_j 2^(log2(1.5) + delta_j + delta_max) / (1 - the mass that may be flushed). With the
+#   MMA row sum (a ones column of the same GEMM, promoted the same way) L is off by r = `fp8_pv_sum_error` toward
+#   zero, so w_j gains 1 / (1 - r), and exact's ones column adds the e4m3 P where the reference adds the fp32
+#   weights (1 / (1 - 2^-4 - the subnormals' rounding) more in w; up to 2^-4 in L): out moves by at most
+#   r' / (1 - r') max|v| and the LSE by -log(1 - r) (-log(1 - 2^-4) more in exact), r' = r (+ 2^-4 in exact).
+# - The rescale factors: the kernel's c_t (MUFU ex2 of its FFMA'd max difference) and the reference's (fp32
+#   exp2 of its own) differ by up to e = EXP2_FP32_LOG2_ERROR + 8 ulp32(|y| terms) octaves each, and O and the row
+#   sum take the same c_t, so the tiles are reweighted by at most 2^(T e) each way: out moves by (2^(2 T e) - 1)
+#   max|v| (under 1e-3 max|v| at 128K keys), the LSE by ln2 T e. (Both schemes have this; the single-level bound
+#   does not charge it: its out term is orders larger, and its LSE share is below 1e-3 nats at 128K keys.)
+# So on diffuse rows over V of mean 1 (O ~ 1, U / L ~ E|v| = 1.2) the two-level P V term is about 0.02 at any
+# length, where single-level's is capped at max|v|.
 
 # Note [exp2 emulation error]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -390,9 +428,58 @@ def fp8_score_error_bound(q64: torch.Tensor, k64: torch.Tensor, dtype: torch.dty
     return eps
 
 
-def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=None, row_sum_by_mma=False):
+def _check_pv_accumulation(pv_accumulation) -> None:
+    if pv_accumulation not in PV_ACCUMULATIONS:
+        raise ValueError(f"pv_accumulation must be one of {PV_ACCUMULATIONS}, got {pv_accumulation!r}")
+
+
+def fp8_pv_sum_error(keys: int, pv_accumulation: str, tile_n: int) -> float:
+    """A bound on how far Hopper's FP8 wgmma sum of p_j v_j over `keys` keys (p_j >= 0, each tile's sum promoted
+    into fp32 under `pv_accumulation="two_level"`) may be from the exact one, relative to sum_j p_j max|v|
+    (Note [FP8 kernel vs reference bounds], Note [Two-level P V accumulation bound]). `tile_n` is the kernel's KV
+    tile; single-level does not depend on it."""
+    _check_pv_accumulation(pv_accumulation)
+    grid = 34 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS)  # per k-block: 32 products, c and the result, 2^-13 each
+    if pv_accumulation == "single":
+        return min(1.0, -(-keys // FP8_MMA_K) * grid)
+    per_tile = -(-min(tile_n, keys) // FP8_MMA_K) * grid
+    return min(1.0, per_tile * (1 + per_tile) + -(-keys // tile_n) * UNIT_ROUNDOFF_FP32)
+
+
+def _two_level_weight_bound(mode, pi, y, delta, anchor_drift, err, finite, row_sum_by_mma):
+    """Per key, an upper bound on the kernel's e4m3 weight over its row sum (Note [Two-level P V accumulation
+    bound]); pi the exact softmax, y the reference's log2 weights in their tile's scale, delta their errors."""
+    delta_max = delta.amax(-1, keepdim=True)
+    if mode == "exact":
+        # e4m3 P <= (1 + 2^-4) p for normals, p + 2^-10 below 2^-6, against an fp32 row sum >= 2^(8 - delta)
+        subnormal = finite & (y + delta < -6)
+        sum_drift = (pi * torch.exp2(err.where(finite, 0.0))).sum(-1, keepdim=True)
+        extra = torch.where(subnormal, 2.0**-18 * torch.exp2(delta_max), 0.0)
+        weight = ((1 + 2.0**-4) * pi + extra) * torch.exp2(anchor_drift) * sum_drift
+        if row_sum_by_mma:  # the ones column adds the e4m3 P: its sum >= (1 - 2^-4) L minus the subnormals' rounding
+            weight = weight / (1 - 2.0**-4 - subnormal.sum(-1, keepdim=True) * 2.0**-18 * torch.exp2(delta_max))
+        return weight
+    # rowmax_h15: H(y) / 2^y in [2^-0.25, 2^0.335] and y off by delta; flushed weights (y < -6.25) leave the sum
+    flushed = (pi * (finite & (y - delta < -6.25))).sum(-1, keepdim=True)
+    return pi * torch.exp2(math.log2(1.5) + delta + delta_max) / (1 - flushed)
+
+
+def fp8_kernel_bounds(
+    q,
+    k,
+    v,
+    config: SoftmaxConfig,
+    causal: bool,
+    descales=None,
+    row_sum_by_mma=False,
+    *,
+    pv_accumulation: str = "single",
+):
     """Per-row bounds (out: (B, Lq, Hq, 1), lse: (B, Hq, Lq)) of the SM90 FP8 forward against
-    `attention_reference` with FP8 inputs (Note [FP8 kernel vs reference bounds])."""
+    `attention_reference` with FP8 inputs (Note [FP8 kernel vs reference bounds]). `pv_accumulation` is the
+    kernel's ("single": O the P V wgmma's accumulator input; "two_level": a fresh accumulator per KV tile of
+    `config.tile_n` keys, promoted in fp32, Note [Two-level P V accumulation bound])."""
+    _check_pv_accumulation(pv_accumulation)
     if q.dtype != torch.float8_e4m3fn:  # the steps below are e4m3's (ratio 1 + 2^-3); the SM90 FP8 path is e4m3-only
         raise ValueError(f"fp8_kernel_bounds derives e4m3's rounding steps; q.dtype must be float8_e4m3fn: {q.dtype}")
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -453,9 +540,9 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
     fragile_mass = (pi * fragile).sum(-1)
     v_max = (vf.abs() * v_scale).amax(dim=(-1, -2))[..., None]
     o_ref = pi @ (vf * v_scale)
-    k_blocks = -(-seqlen_k // 32)
-    accumulation = min(1.0, k_blocks * 34 * 2.0 ** (1 - FP8_ACCUMULATOR_BITS))
-    mma_sum = accumulation + (2.0**-4 if config.mode == "exact" else 0.0) if row_sum_by_mma else 0.0
+    accumulation = fp8_pv_sum_error(seqlen_k, pv_accumulation, tile_n)
+    e4m3_sum = 2.0**-4 if config.mode == "exact" else 0.0  # exact's MMA row sum adds e4m3 P, the reference fp32
+    mma_sum = accumulation + e4m3_sum if row_sum_by_mma else 0.0
     flips = (ratio - 1) * 2**envelope * fragile_mass
     if config.mode == "rowmax_h15":
         # the byte-4 band (Note [FP8 kernel vs reference bounds]): the kernel's 2^-7 where the reference has 0
@@ -471,8 +558,20 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
         # the row sum adds the very P of P V: both move with the tile's anchor
         worst = anchor_drift.amax(-1)
         smooth = torch.exp2(worst) * torch.expm1(worst * math.log(2.0))
-    out_bound = (flips + smooth) * 2 * v_max + accumulation * v_max + 2 * 2.0**-8 * o_ref.abs().amax(-1)
-    out_bound = out_bound + mma_sum * v_max
+    out_bound = (flips + smooth) * 2 * v_max + 2 * 2.0**-8 * o_ref.abs().amax(-1)
+    if pv_accumulation == "single":
+        out_bound = out_bound + accumulation * v_max + mma_sum * v_max
+    else:  # Note [Two-level P V accumulation bound]
+        tiles = -(-seqlen_k // tile_n)
+        reference_pv = 2 * tiles * UNIT_ROUNDOFF_FP32 + _gamma(min(tile_n, seqlen_k))
+        weight = _two_level_weight_bound(config.mode, pi, y, delta, anchor_drift, err, finite, row_sum_by_mma)
+        if row_sum_by_mma:
+            weight = weight / (1 - accumulation)
+        pv_abs = (weight @ (vf.abs() * v_scale)).amax(-1)  # the sum the accumulator truncates, per output element
+        rescale_log2 = tiles * (EXP2_FP32_LOG2_ERROR + 8 * 2.0**-24 * magnitude)
+        rescale_drift = torch.expm1(2 * rescale_log2 * math.log(2.0))
+        out_bound = out_bound + (accumulation + reference_pv) * pv_abs + rescale_drift * v_max
+        out_bound = out_bound + mma_sum / (1 - mma_sum) * v_max
     # The LSE: exact's is log sum 2^(scores), off by at most log sum pi 2^err; H15's carries its anchors whole (its
     # weights are constant between steps): the largest anchor error, and the flips. H15's FADD row sum carries
     # 2^-120, so its finalize rounds anchor - 112 in fp32.
@@ -480,7 +579,14 @@ def fp8_kernel_bounds(q, k, v, config: SoftmaxConfig, causal: bool, descales=Non
         lse_bound = flips + torch.log((pi * torch.exp2(err.where(finite, 0.0))).sum(-1).clamp(min=1.0))
     else:
         lse_bound = flips + math.log(2.0) * (anchor_err.where(finite, 0.0).amax(-1) + rounding)
-    lse_bound = lse_bound + (math.log1p(mma_sum) if row_sum_by_mma else 2.0**-20)
+    if not row_sum_by_mma:
+        lse_bound = lse_bound + 2.0**-20
+    elif pv_accumulation == "single":
+        lse_bound = lse_bound + math.log1p(mma_sum)
+    else:  # the ones column loses toward zero, by up to `accumulation` of itself
+        lse_bound = lse_bound - math.log1p(-accumulation) - math.log1p(-e4m3_sum)
+    if pv_accumulation == "two_level":  # the rescale factors reweight the row sum's tiles too
+        lse_bound = lse_bound + math.log(2.0) * rescale_log2
     if config.mode == "rowmax_h15" and not row_sum_by_mma:
         anchor_log2 = anchor.where(finite, 0.0).abs().amax(-1)
         lse_bound = lse_bound + math.log(2.0) * 2.0**-24 * (anchor_log2 + 112)
