@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -21,7 +22,6 @@ HAS_CUDA = torch.cuda.is_available()
 # tensors. Set here, before any test module is collected, the order of the modules no longer matters. The
 # compile tests unset it in their subprocesses (the interpreter replaces compilation).
 if not HAS_CUDA:
-from hypothesis import HealthCheck, settings
     os.environ.setdefault("TRITON_INTERPRET", "1")
 STRICT_SKIPS = os.environ.get("LOWPREC_STRICT_SKIPS") == "1"
 ALLOWED_SKIP_PREFIXES = ("needs a CUDA GPU", "opt-in:")
@@ -69,8 +69,6 @@ def pytest_collectreport(report):
             report.longrepr = f"strict skips: module skipped at collection for a reason that is not allowed: {reason}"
 
 
-# Helper modules whose asserts should report like a test's.
-pytest.register_assert_rewrite("compile_helpers", "property_helpers")
 # Note [Hypothesis profiles]: the property suites (tests/test_properties*.py) run under a fixed seed and a small
 # budget by default, so CI is reproducible and bounded; LOWPREC_HYPOTHESIS_PROFILE=deep turns on a random seed and
 # more examples (a nightly-style search; a failure prints the example and the blob to replay it). Each test's own
@@ -86,3 +84,5 @@ if _profile not in ("ci", "deep"):
     raise pytest.UsageError(f"{PROFILE_ENV} must be one of ('ci', 'deep'); got {_profile!r}")
 settings.load_profile(_profile)
 
+# Helper modules whose asserts should report like a test's.
+pytest.register_assert_rewrite("compile_helpers", "property_helpers")
