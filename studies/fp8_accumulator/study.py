@@ -184,7 +184,8 @@ def main():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from bench.quality import load_from_gguf, mean_kl, score_block
+    from bench.quality.stats import mean_kl, score_block
+    from bench.quality.workload import load_from_gguf
 
     block_indices = json.loads(KERNELS_JSON.read_text())["meta"]["block_indices"][: args.blocks]
     workload = load_from_gguf(None, False, model=args.model, text_name="austen", assets_dir=args.assets_dir)

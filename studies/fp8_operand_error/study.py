@@ -246,7 +246,7 @@ def main():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from bench.quality import load_from_gguf
+    from bench.quality.workload import load_from_gguf
 
     workload = load_from_gguf(None, False, model=args.model, text_name="austen", assets_dir=args.assets_dir)
     model = workload.model
