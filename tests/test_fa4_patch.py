@@ -18,7 +18,8 @@ import torch
 
 from fa4_rowmax import patched_wheel
 from fa4_rowmax import patching as fa4_patch
-from fa4_rowmax.interface import FEATURE_STOCK_VALUES, LOG2_ROUND_UP, SoftmaxStage, softmax_stage
+from fa4_rowmax.config import LOG2_ROUND_UP
+from fa4_rowmax.interface import FEATURE_STOCK_VALUES, SoftmaxStage, softmax_stage
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -323,6 +324,10 @@ def test_unknown_feature_names_are_a_programming_error():
 def test_reference_config_is_derived_from_the_resolved_stage(arch, dtype, mode, threshold):
     from fa4_rowmax.interface import fa4_default_rescale_threshold, fa4_max_offset
 
+    if arch == 90 and dtype == torch.float8_e4m3fn and mode == "rowmax_pot":  # the SM90 FP8 forward has no PoT
+        with pytest.raises(ValueError, match=r"softmax_mode must be one of \('exact', 'rowmax_h15'\) on the SM90 FP8"):
+            SoftmaxStage(mode, rescale_threshold=threshold).for_kernel(arch=arch, q_dtype=dtype)
+        return
     stage = SoftmaxStage(mode, rescale_threshold=threshold).for_kernel(arch=arch, q_dtype=dtype)
     config = stage.reference_config(tile_n=128)
     expected_threshold = fa4_default_rescale_threshold(arch, dtype) if threshold is None else threshold
@@ -363,9 +368,11 @@ def test_fp8_range_rule_leaves_room_for_the_round_up():
 _PROBE = r"""
 import json, inspect, torch
 import flash_attn.cute.interface as fi
+from fa4_rowmax.interface import is_fa4_patched
 out = {"params": {f: [p for p in ("softmax_mode", "rescale_threshold", "beta")
                       if p in inspect.signature(getattr(fi, f)).parameters]
-                  for f in ("flash_attn_func", "flash_attn_varlen_func")}}
+                  for f in ("flash_attn_func", "flash_attn_varlen_func")},
+       "is_fa4_patched": is_fa4_patched()}
 q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
 for name, kw, grad in [("bad_mode", dict(softmax_mode="h15"), False),
                        ("bad_beta", dict(softmax_mode="rowmax_h15", beta=2.0), False),
@@ -388,6 +395,7 @@ def test_patched_fa4_takes_the_knobs_and_validates_before_any_kernel(patched_cop
     assert out["params"] == {
         f: ["softmax_mode", "rescale_threshold", "beta"] for f in ("flash_attn_func", "flash_attn_varlen_func")
     }
+    assert out["is_fa4_patched"] is True
     assert out["bad_mode"].startswith("ValueError") and "softmax_mode" in out["bad_mode"]
     assert out["bad_beta"].startswith("ValueError") and "beta" in out["bad_beta"]
     assert out["grad"].startswith("ValueError") and "forward-only" in out["grad"]
