@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from aiter_fused.launch import Launch, launch_for
+from fa4_rowmax.config import check_real
 from fa4_rowmax.reference.fused_softmax import (
     check_mx_format,
     check_recovery_threshold,
@@ -53,6 +54,7 @@ __all__ = [
 HEAD_DIMS = (32, 64, 128, 256)
 TILE_SIZES = (32, 64, 128)
 DOT_MODES = ("bf16", "fp8", "scaled")
+_SOFTMAX_SCALES = "None (head_dim**-0.5) or a finite number > 0"
 ROW_SUMS = ("reduce", "gemm")  # Note [Row sum by GEMM] in kernel.py
 ROW_SUM_GEMM_DOT_MODES = ("bf16", "scaled")
 EXP_FOLD_DOT_MODES = ("bf16", "scaled")  # Note [Folded Schraudolph] in kernel.py
@@ -85,6 +87,19 @@ def _check_tensors(q, k, v, rank: int, layout: str):
         raise ValueError(
             f"heads of q ({heads_q}) must be a multiple of the heads of k and v ({heads_k}, {v.shape[-2]}, equal)"
         )
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False); got {value!r} ({type(value).__name__})")
+
+
+def _check_extent(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 0; got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0; got {value}")
+    return value
 
 
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -188,12 +203,14 @@ def _launch(
 
     check_mx_format(mx_format)
     recovery_threshold = check_recovery_threshold(recovery_threshold)
-    if not isinstance(causal, bool) or not isinstance(exact, bool):
-        raise TypeError("causal and exact must be bool")
+    _check_flag("causal", causal)
+    _check_flag("exact", exact)
     head_dim = q.shape[-1]
-    softmax_scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be a finite positive number; got {softmax_scale}")
+    if softmax_scale is None:
+        softmax_scale = head_dim**-0.5
+    elif check_real("softmax_scale", softmax_scale, 0.0, accepted=_SOFTMAX_SCALES) == 0.0:
+        raise ValueError(f"softmax_scale must be {_SOFTMAX_SCALES}; got {softmax_scale!r}")
+    softmax_scale = float(softmax_scale)
     _check_dot_mode(dot_mode)
     if launch is not None and not isinstance(launch, Launch):
         raise TypeError(f"launch must be None (the launch table's) or an aiter_fused.launch.Launch; got {launch!r}")
@@ -210,7 +227,7 @@ def _launch(
     _check_row_sum(row_sum, exact, dot_mode)
     _check_exp_fold(exp_fold, exact, dot_mode)
     tile_n = launch.tile_n if tile_n is None else tile_n
-    if tile_n not in TILE_SIZES:
+    if isinstance(tile_n, bool) or not isinstance(tile_n, int) or tile_n not in TILE_SIZES:
         raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES}; got {tile_n!r}")
     kernel = "exact" if exact else dot_mode
     refusal = launch.refusal(head_dim, tile_n, kernel)
@@ -344,6 +361,8 @@ def fused_softmax_attention(
     Q quantized after a prescale by ``128 * softmax_scale * log2 e`` (dot modes "bf16" and "scaled": Note
     [Folded Schraudolph] in ``kernel.py``; the reference's ``exp_fold``)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
+    _check_flag("return_lse", return_lse)
+    _check_flag("return_recoveries", return_recoveries)
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
     if k.shape[0] != batch or v.shape[:2] != k.shape[:2]:
@@ -415,6 +434,10 @@ def fused_softmax_attention_varlen(
     devices are still checked, for free); the caller then guarantees them, or the kernel reads out of
     bounds (bad offsets) or leaves rows unwritten (``max_seqlen_q`` too small)."""
     _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
+    for flag, value in (("return_lse", return_lse), ("return_recoveries", return_recoveries), ("validate", validate)):
+        _check_flag(flag, value)
+    max_seqlen_q = _check_extent("max_seqlen_q", max_seqlen_q)
+    _check_extent("max_seqlen_k", max_seqlen_k)
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
             raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 >= 2 offsets")
@@ -436,7 +459,7 @@ def fused_softmax_attention_varlen(
         v,
         cu_seqlens_q,
         cu_seqlens_k,
-        int(max_seqlen_q),
+        max_seqlen_q,
         causal,
         softmax_scale,
         mx_format,

@@ -101,7 +101,7 @@ from typing import Optional
 
 import torch
 
-from fa4_rowmax.config import SoftmaxConfig
+from fa4_rowmax.config import SoftmaxConfig, check_real
 from fa4_rowmax.reference import fused_softmax, mma_accumulator
 from fa4_rowmax.reference.exp_approx import ROUND_TO_HALF_MAGIC, h15_bits, pot
 from fa4_rowmax.reference.hif8 import round_to_hif8
@@ -249,11 +249,9 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, co
             raise ValueError(f"{name} holds NaN or Inf; the reference accepts finite inputs only")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(f"softmax_scale must be None or a positive float, got {type(softmax_scale).__name__}")
-        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-            raise ValueError(f"softmax_scale must be None or a positive finite float, got {softmax_scale}")
+    accepted = "None or a positive finite float"
+    if softmax_scale is not None and check_real("softmax_scale", softmax_scale, 0.0, accepted=accepted) == 0.0:
+        raise ValueError(f"softmax_scale must be {accepted}, got {softmax_scale!r}")
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
