@@ -1,7 +1,8 @@
 """python -m bench.main_job: the project's main job. The correctness gates (`python -m fa4_rowmax`: the
 reference everywhere, the FA4 kernels too on a GPU), then on a GPU the short benchmark (`python -m bench
 --quick`) and, on an SM90 GPU, its FP8 rows at 8K (`python -m bench --fp8` with the FP8 forward a user gets
-from `flash_attn_func`, exact and H15, beside FA3's FP8), all called as functions in this process.
+from `flash_attn_func`, exact and H15, beside FA3's FP8 and FA4's BF16), all called as functions in this
+process.
 
     python -m bench.main_job [--device cpu|cuda|auto] [--json PATH] [--reference-only] [--skip-bench]
                              [--bench-out DIR] [--verbose]
@@ -31,10 +32,11 @@ EXIT_STATUS = """exit status:
   2  a usage error (a bad argument, an output path that cannot be written; checked before any work)
   3  on a GPU, the kernels could not be loaded, or a benchmark failed"""
 
-# What the FP8 rows of the short benchmark time: the peer (FA3's FP8 forward) and what a user gets from
-# `flash_attn_func` with e4m3 inputs on SM90, exact and H15 (bench.kernels.FP8_FUNC_VARIANTS); FA4 stock
-# BF16 on the upcast inputs is the preset's baseline.
-FP8_QUICK_KERNELS = ("fa3_fp8", "fa4_fp8_func_exact", "fa4_fp8_func_h15")
+# What the FP8 rows of the short benchmark time: the two peers every FP8 row is quoted against
+# (bench.kernels.RATIO_PEERS: FA3's FP8 forward, FA4 stock BF16 on the upcast inputs; FA4 stock itself has no
+# SM90 FP8) and what a user gets from `flash_attn_func` with e4m3 inputs on SM90, exact and H15
+# (bench.kernels.FP8_FUNC_VARIANTS).
+FP8_QUICK_KERNELS = ("fa3_fp8", "fa4_stock_bf16", "fa4_fp8_func_exact", "fa4_fp8_func_h15")
 FP8_QUICK_HEAD_DIM = 128  # the tables printed here; the results file has every head dim and GQA shape
 
 
@@ -74,9 +76,10 @@ def _is_sm90() -> bool:
 
 
 def run_bench(label: str, argv: list[str], out: str, stem: str, verbose: bool) -> int:
-    """One `python -m bench` run; prints its exit status, where its results are, and (without `verbose`,
-    its progress going to `<stem>.log`) the tables `summary` picks from its results file."""
+    """One `python -m bench` run; its progress goes to `<out>/<stem>.log` unless `verbose`. Prints its exit
+    status and where its results are."""
     print(f"\nbenchmark {label}: python -m bench {' '.join(argv)}", flush=True)
+    where = []
     if verbose:
         status = bench_job.main(argv)
     else:
@@ -84,8 +87,10 @@ def run_bench(label: str, argv: list[str], out: str, stem: str, verbose: bool) -
         log = os.path.join(out, f"{stem}.log")
         with open(log, "w") as f, contextlib.redirect_stdout(f):
             status = bench_job.main(argv)
-        print(f"progress in {log}")
-    print(f"benchmark {label}: exit status {status}; results in {os.path.join(out, stem)}.md")
+        where.append(f"progress in {log}")
+    if status == 0:
+        where.insert(0, f"results in {os.path.join(out, stem)}.md")
+    print(f"benchmark {label}: exit status {status}" + "".join(f"; {w}" for w in where))
     return status
 
 
