@@ -83,6 +83,44 @@ def test_text_is_pinned(tmp_path):
     assert text.sha256 != PINNED_TEXT_SHA256 and text.source == "test source"
 
 
+def test_fetch_quality_text_fetches_a_damaged_copy_again(tmp_path):
+    """Issue 25 defect 5 for the default text: a cached copy that no longer joins to the pinned text used to be
+    'already there'; the script fetches it again (apt-get and dpkg-deb stubbed on PATH: a .deb of two files)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    stubs, log = tmp_path / "bin", tmp_path / "apt.log"
+    stubs.mkdir()
+    (stubs / "apt-get").write_text(f'#!/bin/bash\necho "$*" >> {log}\ntouch python3.11-doc_0-1_all.deb\n')
+    sources = "usr/share/doc/python3.11/html/_sources"
+    (stubs / "dpkg-deb").write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = -f ]; then echo 0-1; exit 0; fi\n'
+        f'for d in tutorial howto faq reference; do mkdir -p "$3/{sources}/$d"; '
+        f'echo "$d" > "$3/{sources}/$d/x.rst.txt"; done\n'
+    )
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    cache = tmp_path / "text"
+    cache.mkdir()
+    (cache / "SOURCE").write_text("debian:python3.11-doc=3.11.2-6+deb12u8 ...\n")
+    (cache / "tutorial").mkdir()
+    (cache / "tutorial" / "x.rst.txt").write_text("trunc")  # a damaged copy: not the pinned text
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "fetch_quality_text.sh"), str(cache)],
+        env=dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not the pinned one" in done.stderr and log.read_text().startswith("download python3.11-doc")
+    assert (cache / "SOURCE").read_text().startswith("debian:python3.11-doc=0-1 ")
+    assert sorted(p.read_text() for p in cache.rglob("*.rst.txt")) == ["faq\n", "howto\n", "reference\n", "tutorial\n"]
+
+
 def test_counter_rates():
     totals = {"tiles": 200, "rescales": 10, "rescales_skipped": 30, "restarts": 5, "baps_blocks": 50, "recoveries": 4}
     assert stats.counter_rates("rowmax_h15", totals, {}) == {
