@@ -11,7 +11,7 @@ and anchor roundings from here and derives a reference config from a resolved ke
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -67,6 +67,75 @@ LOG2_ROUND_UP = {"exact": 0.0, "rowmax_h15": math.log2(1.5) - 0.25, "rowmax_pot"
 H15_LOG2_ROUND_UP = LOG2_ROUND_UP["rowmax_h15"]
 
 
+def check_p_range(mode: str, rescale_threshold: float, max_offset: float, log2_p_max: float, *, name: str, where: str):
+    """The range rule (Note [P range with a rounded-up weight], Note [H15 range with an FP8 P]): the largest
+    weight, 2**(max_offset + rescale_threshold + the mode's round-up), must stay below P's dtype max. `name` is the
+    argument the refusal names, `where` the mode and dtype it holds for. The one copy of the rule: the reference's
+    config, the FA4 stage and the SM90 FP8 forward all call it."""
+    limit = log2_p_max - max_offset - LOG2_ROUND_UP[mode]
+    if rescale_threshold >= limit:
+        top = max_offset + rescale_threshold + LOG2_ROUND_UP[mode]
+        raise ValueError(
+            f"{name}={rescale_threshold} is out of range for {where}: it lets P reach 2**{top:.3f}, and max_offset "
+            f"({max_offset}) + rescale_threshold + the mode's round-up ({LOG2_ROUND_UP[mode]:.3f} octaves) must stay "
+            f"below log2 of P's dtype max ({log2_p_max:.3f}); accepted: 0 <= rescale_threshold < {limit:.3f}"
+        )
+
+
+# Note [Softmax-stage knobs]
+# The knobs of the kernels' softmax stage beyond softmax_mode, rescale_threshold and beta: for each, the values it
+# accepts, its default (stock FA4's behaviour, or the FP8 forward's measured choice) and the kernels that
+# implement a value other than the default: "sm90" / "sm100" (FA4's forwards with the stage, 16-bit inputs, and
+# FA4's own SM100 FP8 path), "sm90_fp8" (the SM90 FP8 forward, fa4_rowmax/fp8_sm90.py). `interface.softmax_stage`
+# checks every value against this table (type included: True is not 1, 128.0 is not 128) and
+# `SoftmaxStage.for_kernel` refuses a non-default value on a kernel that does not implement it. The stage
+# (`interface.SoftmaxStage`) has one field per knob, of the same name, and the kernels' softmax classes read
+# fields of those names: a new knob is one entry here, one stage field, and its rules against other knobs in the
+# resolution (`interface.softmax_stage` / `SoftmaxStage.for_kernel`).
+class Knob(NamedTuple):
+    accepted: tuple
+    default: object
+    kernels: tuple[str, ...]
+
+
+KERNELS = ("sm90", "sm100", "sm90_fp8")
+# The SM90 FP8 forward's modes (rowmax_pot has no e4m3 byte construction there).
+FP8_SM90_MODES = ("exact", "rowmax_h15")
+# How the FP8 forward adds the row sum: FADDs of the weights, or a column of ones in the PV GEMM
+# (Note [Row sum by the MMA], stage/softmax_sm90_fp8.py).
+ROW_SUMS = ("fadd", "mma")
+# The H15 clamp of the FP8 forward: a max, or the FFMA's saturation (Note [Clamp by saturation]).
+CLAMPS = ("max", "sat")
+# Keys per tile of the FP8 forward: multiples of 32 (the e4m3 wgmma's K) that fit its registers.
+FP8_TILE_NS = (128, 160, 192, 224)
+STAGE_KNOBS = {
+    "anchor_rounding": Knob(ANCHOR_ROUNDINGS, "exact", ("sm90", "sm90_fp8")),
+    "rescale_vote": Knob((False, True), False, ("sm90", "sm90_fp8")),
+    "row_sum": Knob(ROW_SUMS, "fadd", ("sm90_fp8",)),
+    "clamp": Knob(CLAMPS, "max", ("sm90_fp8",)),
+    "exp2_deleted": Knob((False, True), False, ("sm90_fp8",)),
+    "tile_n": Knob(FP8_TILE_NS, 128, ("sm90_fp8",)),
+    "pv_accumulation": Knob(PV_ACCUMULATIONS, "two_level", ("sm90_fp8",)),
+}
+
+
+def check_knob(name: str, value):
+    """`value` when it is one of knob `name`'s accepted values, of the default's type (a bool for a flag, an int,
+    not a float or a bool, for a count); TypeError or ValueError naming the knob and the accepted values."""
+    knob = STAGE_KNOBS[name]
+    if isinstance(knob.default, bool):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool; got {value!r} ({type(value).__name__})")
+        return value
+    integral = isinstance(knob.default, numbers.Integral)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integral else type(knob.default)):
+        kind = "an int" if integral else f"a {type(knob.default).__name__}"
+        raise TypeError(f"{name} must be {kind}, one of {knob.accepted}; got {value!r} ({type(value).__name__})")
+    if value not in knob.accepted:
+        raise ValueError(f"{name} must be one of {knob.accepted}; got {value!r}")
+    return value
+
+
 def _check_int(name: str, value, low: int, high: Optional[int] = None) -> None:
     accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -75,12 +144,26 @@ def _check_int(name: str, value, low: int, high: Optional[int] = None) -> None:
         raise ValueError(f"SoftmaxConfig.{name} must be an int {accepted}, got {value!r}")
 
 
-def _check_real(name: str, value, low: float, high: float = math.inf, integral: bool = False) -> None:
+def check_real(name: str, value, low: float, high: float = math.inf, accepted: Optional[str] = None) -> float:
+    """`value` as a float when it is a real number (not a bool), finite and in [low, high]; otherwise TypeError or
+    ValueError naming `name` and what it accepts (`accepted`, or the range). An int too large for a float
+    (10**400) is out of range, not an OverflowError."""
+    shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
+    if accepted is None:
+        accepted = f"a finite number {f'>= {low}' if high == math.inf else f'in [{low}, {high}]'}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"SoftmaxConfig.{name} must be a real number, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or value < low or value > high:
-        accepted = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
-        raise ValueError(f"SoftmaxConfig.{name} must be a finite number {accepted}, got {value}")
+        raise TypeError(f"{name} must be {accepted} (a real number), got {shown} ({type(value).__name__})")
+    try:
+        as_float = float(value)
+    except OverflowError:
+        as_float = math.inf
+    if not math.isfinite(as_float) or as_float < low or as_float > high:
+        raise ValueError(f"{name} must be {accepted}, got {shown}")
+    return as_float
+
+
+def _check_real(name: str, value, low: float, high: float = math.inf, integral: bool = False) -> None:
+    check_real(f"SoftmaxConfig.{name}", value, low, high)
     if integral and value != int(value):
         raise ValueError(f"SoftmaxConfig.{name} must be a whole number of octaves, got {value}")
 
@@ -156,14 +239,14 @@ class SoftmaxConfig:
                 f"accumulator_gemms={self.accumulator_gemms!r} (accepted there: 'none')"
             )
         if self.mode == "rowmax_h15" and self.p_dtype in _FP8_P_DTYPES:
-            bound = math.log2(torch.finfo(self.p_dtype).max)
-            if self.max_offset + self.rescale_threshold + H15_LOG2_ROUND_UP >= bound:
-                raise ValueError(
-                    f"SoftmaxConfig.rescale_threshold={self.rescale_threshold} with max_offset={self.max_offset} is "
-                    f"out of range for mode 'rowmax_h15' with p_dtype={self.p_dtype}: max_offset + rescale_threshold "
-                    f"+ {H15_LOG2_ROUND_UP:.3f} (H15's round-up) must stay below log2 of the dtype's max ({bound:.3f}); "
-                    f"accepted: rescale_threshold < {bound - self.max_offset - H15_LOG2_ROUND_UP:.3f}"
-                )
+            check_p_range(
+                self.mode,
+                self.rescale_threshold,
+                self.max_offset,
+                math.log2(torch.finfo(self.p_dtype).max),
+                name="SoftmaxConfig.rescale_threshold",
+                where=f"mode 'rowmax_h15' with p_dtype={self.p_dtype}",
+            )
         if self.mode == "fused_softmax" and self.tile_n % MX_BLOCK:
             raise ValueError(
                 f"SoftmaxConfig.tile_n must be a multiple of {MX_BLOCK} for mode 'fused_softmax' "

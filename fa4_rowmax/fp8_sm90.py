@@ -17,26 +17,16 @@ with int32 cu_seqlens_q / cu_seqlens_k (batch + 1), optionally int32 seqused_q /
 
 from __future__ import annotations
 
-import inspect
 import math
-import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from fa4_rowmax.config import FP8_MAX_OFFSET, KERNEL_MODES, LOG2_ROUND_UP
-from fa4_rowmax.stage.softmax_sm90_fp8 import (
-    CLAMPS,
-    E4M3_MAX,
-    PV_ACCUMULATIONS,
-    ROW_SUM_COLUMNS,
-    Fp8Stage,
-)
+from fa4_rowmax.config import check_real
+from fa4_rowmax.interface import FP8_SM90_VARLEN_ARGS, STAGE_KNOBS, SoftmaxStage, softmax_stage
+from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS
 
-# The FP8 forward implements exact and rowmax_h15 of the FA4 stage's modes (rowmax_pot is refused here).
-SOFTMAX_MODES = tuple(m for m in KERNEL_MODES if m != "rowmax_pot")
 HEAD_DIMS = (64, 128)
-TILE_NS = (128, 160, 192, 224)
 # Note [MMA row sum at long rows]
 # With row_sum="mma" the row sum is a column of the PV GEMM, summed in Hopper's FP8 accumulator, which keeps
 # about 13 fraction bits and truncates (Note [Row sum by the MMA]). With pv_accumulation="single" the running
@@ -48,7 +38,7 @@ TILE_NS = (128, 160, 192, 224)
 # [Two-level P.V accumulation]): no length limit.
 MMA_ROW_SUM_MAX_KEYS = 2048  # multiples of 32: the e4m3 wgmma K
 # FA4's varlen arguments this forward takes (with cu_seqlens_q and cu_seqlens_k; Note [Varlen host checks]).
-VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
+VARLEN_ARGS = FP8_SM90_VARLEN_ARGS
 
 
 @dataclass(frozen=True)
@@ -58,13 +48,16 @@ class KernelConfig:
     head_dim: int
     qhead_per_kvhead: int
     causal: bool
-    stage: Fp8Stage
+    stage: SoftmaxStage  # resolved for the SM90 FP8 forward (SoftmaxStage.for_kernel)
     tile_m: int = 128
-    tile_n: int = 128
     num_stages: int = 2
     varlen: bool = False  # q, k, v packed, with cu_seqlens_q / cu_seqlens_k
     seqused_q: bool = False
     seqused_k: bool = False
+
+    @property
+    def tile_n(self) -> int:
+        return self.stage.tile_n
 
     @property
     def pack_gqa(self) -> bool:
@@ -184,93 +177,6 @@ def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, valida
     return batch
 
 
-def check_range_rule(softmax_mode: str, rescale_threshold: float) -> None:
-    """Note [FP8 max_offset] (softmax_sm90_fp8.py): the largest weight must fit e4m3."""
-    top = FP8_MAX_OFFSET + rescale_threshold + LOG2_ROUND_UP[softmax_mode]
-    if top >= math.log2(E4M3_MAX):
-        limit = math.log2(E4M3_MAX) - FP8_MAX_OFFSET - LOG2_ROUND_UP[softmax_mode]
-        raise ValueError(
-            f"rescale_threshold={rescale_threshold} with softmax_mode={softmax_mode!r} lets P reach "
-            f"2**{top:.3f} > 448 (e4m3 max): max_offset {FP8_MAX_OFFSET} + rescale_threshold + round-up "
-            f"{LOG2_ROUND_UP[softmax_mode]:.3f} must stay below log2(448) = {math.log2(E4M3_MAX):.3f}; "
-            f"accepted: 0 <= rescale_threshold < {limit:.3f}"
-        )
-
-
-ANCHOR_ROUNDINGS = ("exact", "half_octave")
-ROW_SUMS = ("fadd", "mma")
-
-
-def resolve_stage(
-    softmax_mode: str,
-    rescale_threshold,
-    beta,
-    has_descale: bool,
-    exp2_deleted: bool = False,
-    anchor_rounding: str = "exact",
-    row_sum: str = "fadd",
-    rescale_vote: bool = False,
-    clamp: str = "max",
-    pv_accumulation: str = "two_level",
-) -> Fp8Stage:
-    if softmax_mode not in SOFTMAX_MODES:
-        raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
-    threshold = 0.0 if rescale_threshold is None else float(rescale_threshold)
-    if not threshold >= 0.0:
-        raise ValueError(f"rescale_threshold must be None or a float >= 0 (log2 units), got {rescale_threshold!r}")
-    check_range_rule(softmax_mode, threshold)
-    if exp2_deleted and softmax_mode != "exact":
-        raise ValueError("exp2_deleted is a cost probe of softmax_mode='exact' only")
-    # Note [beta on the FP8 exact twin] (softmax_sm90_fp8.py): the stage carries beta only for exact, in (0, 1].
-    if beta is not None:
-        if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta must be None or a number in [0, 1], got {beta!r}")
-        if softmax_mode == "rowmax_h15" and beta != 1.0:
-            raise ValueError(
-                f"beta must be None or 1.0 with softmax_mode='rowmax_h15' on the SM90 FP8 path, got {beta!r}: every "
-                "H15 weight is built by integer ops off the MUFU (Note [H15 e4m3 bytes by integer ops]), so there "
-                "is no MUFU share to choose"
-            )
-        if exp2_deleted:
-            raise ValueError(
-                f"beta must be None with exp2_deleted=True, got {beta!r}: the probe computes no exp2 to move off "
-                "the MUFU"
-            )
-        beta = float(beta) if softmax_mode == "exact" and beta > 0.0 else None
-    if anchor_rounding not in ANCHOR_ROUNDINGS:
-        raise ValueError(f"anchor_rounding must be one of {ANCHOR_ROUNDINGS}, got {anchor_rounding!r}")
-    if anchor_rounding != "exact" and softmax_mode != "rowmax_h15":
-        raise ValueError("anchor_rounding='half_octave' applies to softmax_mode='rowmax_h15' only")
-    if row_sum not in ROW_SUMS:
-        raise ValueError(f"row_sum must be one of {ROW_SUMS}, got {row_sum!r}")
-    if not isinstance(rescale_vote, bool):
-        raise ValueError(f"rescale_vote must be a bool, got {rescale_vote!r}")
-    if clamp not in CLAMPS:
-        raise ValueError(f"clamp must be one of {CLAMPS}, got {clamp!r}")
-    if clamp == "sat" and (softmax_mode != "rowmax_h15" or anchor_rounding != "exact"):
-        raise ValueError("clamp='sat' applies to softmax_mode='rowmax_h15' with anchor_rounding='exact' only")
-    if pv_accumulation not in PV_ACCUMULATIONS:
-        raise ValueError(f"pv_accumulation must be one of {PV_ACCUMULATIONS}, got {pv_accumulation!r}")
-    if rescale_vote and pv_accumulation == "two_level":
-        raise ValueError(
-            "rescale_vote=True applies to pv_accumulation='single' only: two-level accumulation promotes every "
-            "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
-            "accumulation])"
-        )
-    return Fp8Stage(
-        mode=softmax_mode,
-        rescale_threshold=threshold,
-        beta=beta,
-        exp2_deleted=exp2_deleted,
-        has_descale=has_descale,
-        anchor_rounding=anchor_rounding,
-        row_sum=row_sum,
-        rescale_vote=rescale_vote,
-        clamp=clamp,
-        pv_accumulation=pv_accumulation,
-    )
-
-
 _compile_cache: dict = {}
 
 
@@ -332,38 +238,80 @@ def flash_attn_fp8_sm90(
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
     *,
-    anchor_rounding: str = "exact",
-    row_sum: str = "fadd",
-    rescale_vote: bool = False,
-    clamp: str = "max",
-    pv_accumulation: str = "two_level",
-    exp2_deleted: bool = False,
-    tile_n: int = 128,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     seqused_q: torch.Tensor | None = None,
     seqused_k: torch.Tensor | None = None,
     validate: bool = True,
+    **knobs,
 ):
     """SM90 FP8 attention forward -> (out BF16, lse fp32).
 
     `beta` (exact: the share of exponentials built by FA4's polynomial off the MUFU, in [0, 1], None = 0;
-    rowmax_h15: None or 1.0 only; Note [beta on the FP8 exact twin]). Levers (keyword-only), measured in
-    docs/fp8_sm90.md:
+    rowmax_h15: None or 1.0 only; Note [beta on the FP8 exact twin]). `knobs` (keyword-only) are the softmax-stage
+    knobs of config.STAGE_KNOBS, validated by `interface.softmax_stage` and resolved by `SoftmaxStage.for_kernel`,
+    as on FA4's path; measured in docs/fp8_sm90.md:
     - `anchor_rounding="half_octave"` (rowmax_h15: Note [Folded H15 on FP8]; changes values);
     - `row_sum="mma"` (Note [Row sum by the MMA]);
-    - `rescale_vote=True` (Note [Warp-vote rescale skip on FP8]);
+    - `rescale_vote=True` (with pv_accumulation="single": Note [Warp-vote rescale skip on FP8]);
     - `clamp="sat"` (rowmax_h15, exact anchor: Note [Clamp by saturation]; same values, one op less);
     - `tile_n` (keys per tile, a multiple of 32; 192 was the fastest measured on the H200);
     - `pv_accumulation` ("two_level": each tile's P V in a fresh accumulator, added into fp32 O, accurate at any
       length; "single": O is the FP8 MMA's accumulator, whose truncation grows O's error with the key count;
-      Note [Two-level P.V accumulation]).
-    `exp2_deleted=True` is a cost probe (exact without exp2: wrong values).
+      Note [Two-level P.V accumulation]);
+    - `exp2_deleted=True`, a cost probe (exact without exp2: wrong values).
 
     Varlen (keyword-only, module docstring): `cu_seqlens_q`, `cu_seqlens_k` (int32, batch + 1), `seqused_q`,
     `seqused_k` (int32, batch: the rows / keys used of each sequence; rows past seqused_q are not written, as
     in FA4); `validate=False` skips the one host read that checks their contents (Note [Varlen host checks]).
     """
+    stage = softmax_stage(softmax_mode, rescale_threshold, beta, **knobs) or SoftmaxStage()
+    varlen_args = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k)
+    return _forward(q, k, v, softmax_scale, causal, stage, (q_descale, k_descale, v_descale), varlen_args, validate)
+
+
+def resolve_stage(softmax_mode: str, rescale_threshold, beta, has_descale: bool = False, **knobs) -> SoftmaxStage:
+    """The stage the SM90 FP8 forward compiles for these arguments, without tensors: interface.softmax_stage then
+    SoftmaxStage.for_kernel, as `flash_attn_fp8_sm90` resolves it (for the reference's configs and the tests)."""
+    stage = softmax_stage(softmax_mode, rescale_threshold, beta, **knobs) or SoftmaxStage()
+    return replace(stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn), has_descale=has_descale)
+
+
+def _check_call_arguments(softmax_scale, causal) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {causal!r} ({type(causal).__name__})")
+    accepted = "None (1 / sqrt(head_dim)) or a finite number > 0"
+    if softmax_scale is not None and check_real("softmax_scale", softmax_scale, 0.0, accepted=accepted) == 0.0:
+        raise ValueError(f"softmax_scale must be {accepted}, got {softmax_scale!r}")
+
+
+def _check_cuda(q, k, v) -> None:
+    """Note [Varlen host checks]'s shapes pass on any device; the pre-pass and the kernel need the GPU."""
+    if not (q.is_cuda and k.is_cuda and v.is_cuda):
+        raise ValueError(
+            f"q, k and v must be CUDA tensors (an SM90 GPU) for the SM90 FP8 forward, got {q.device}, {k.device}, "
+            f"{v.device}"
+        )
+
+
+def _forward(
+    q,
+    k,
+    v,
+    softmax_scale,
+    causal,
+    stage: SoftmaxStage,
+    descales_given,
+    varlen_args: dict,
+    validate: bool,
+    features: dict | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+):
+    """(out, lse) for a validated, unresolved stage: both entries (`flash_attn_fp8_sm90`, FA4's route, which adds
+    FA4's other `features` and its caller's `out` / `lse`, checked here before any work and filled at the end)."""
+    _check_call_arguments(softmax_scale, causal)
+    cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = (varlen_args[name] for name in VARLEN_ARGS)
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError(
@@ -400,28 +348,21 @@ def flash_attn_fp8_sm90(
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} on the SM90 FP8 path, got {head_dim}")
     if heads_kv == 0 or heads_q % heads_kv != 0:
-        raise ValueError(f"heads of q ({heads_q}) must be a multiple of heads of k and v ({heads_kv})")
+        raise ValueError(f"heads of q ({heads_q}) must be a multiple of heads of k and v ({heads_kv}), both >= 1")
+    if heads_q == 0:
+        raise ValueError(f"heads of q must be >= 1 (a multiple of heads of k and v, {heads_kv}), got 0")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     descales = [
         _check_descale(n, d, batch, heads_kv, q.device)
-        for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+        for n, d in zip(("q_descale", "k_descale", "v_descale"), descales_given)
     ]
-    has_descale = any(d is not None for d in descales)
-    stage = resolve_stage(
-        softmax_mode,
-        rescale_threshold,
-        beta,
-        has_descale,
-        exp2_deleted,
-        anchor_rounding,
-        row_sum,
-        rescale_vote,
-        clamp,
-        pv_accumulation,
-    )
-    if tile_n not in TILE_NS:
-        raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n!r}")
+    lse_shape = (heads_q, total_q) if varlen else (batch, heads_q, seqlen_q)
+    for name, buffer, shape, dtype in (("out", out, q.shape, torch.bfloat16), ("lse", lse, lse_shape, torch.float32)):
+        if buffer is not None:
+            _check_caller_buffer(name, buffer, shape, dtype, q.device)
+    features = dict(features or {}, **varlen_args, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)))
+    stage = stage.for_kernel(arch=90, q_dtype=q.dtype, features=features)
     if stage.row_sum == "mma" and stage.pv_accumulation == "single" and total_k > MMA_ROW_SUM_MAX_KEYS:
         what = "total_k (varlen: the bound on every sequence's keys)" if varlen else "seqlen_k"
         raise ValueError(
@@ -434,9 +375,8 @@ def flash_attn_fp8_sm90(
     config = KernelConfig(
         head_dim=head_dim,
         qhead_per_kvhead=heads_q // heads_kv,
-        causal=bool(causal),
+        causal=causal,
         stage=stage,
-        tile_n=tile_n,
         varlen=varlen,
         seqused_q=seqused_q is not None,
         seqused_k=seqused_k is not None,
@@ -448,10 +388,11 @@ def flash_attn_fp8_sm90(
     # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum
     # columns at out's last dimension, so out stays a contiguous tensor of q's shape.
     out = torch.empty(*q.shape[:-1], head_dim, dtype=torch.bfloat16, device=q.device)
-    lse_shape = (heads_q, total_q) if varlen else (batch, heads_q, seqlen_q)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     if total_q == 0 or total_k == 0:  # FA4's rule (_flash_attn_fwd): no rows, or no key for any row
         return out.zero_(), lse.fill_(-math.inf)
+    _check_cuda(q, k, v)
+    tile_n = stage.tile_n
     index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     fake = is_fake_mode()
     if fake:
@@ -464,7 +405,7 @@ def flash_attn_fp8_sm90(
         else:
             keys_padded = padded_keys(seqlen_k)
             vt = torch.empty(batch, heads_kv, rows, keys_padded, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2)
-        descale = torch.empty(batch, heads_kv, 2, dtype=torch.float32, device=q.device) if has_descale else None
+        descale = torch.empty(batch, heads_kv, 2, dtype=torch.float32, device=q.device) if stage.has_descale else None
     elif varlen:
         from fa4_rowmax.stage.v_transpose import v_transpose_varlen
 
@@ -504,21 +445,37 @@ def flash_attn_fp8_sm90(
 def fp8_backend(softmax_mode: str = "rowmax_h15", **levers):
     """A gate backend (fa4_rowmax/gates): `(q, k, v, causal) -> (out, lse)` through `flash_attn_fp8_sm90` with
     e4m3 q, k, v, under `torch.no_grad()` (the forward refuses tensors that require grad). `levers` are
-    `flash_attn_fp8_sm90`'s keywords (rescale_threshold, anchor_rounding, row_sum, rescale_vote, clamp, tile_n,
-    ...); unknown names and modes raise here, not at the first call."""
-    if softmax_mode not in SOFTMAX_MODES:
-        raise ValueError(f"softmax_mode must be one of {SOFTMAX_MODES} on the SM90 FP8 path, got {softmax_mode!r}")
-    fixed = {"q", "k", "v", "causal", "softmax_mode", *VARLEN_ARGS, "validate"}
-    accepted = set(inspect.signature(flash_attn_fp8_sm90).parameters) - fixed
+    `flash_attn_fp8_sm90`'s keywords (rescale_threshold, beta, softmax_scale, descales and config.STAGE_KNOBS);
+    unknown names, modes and values raise here, not at the first call."""
+    accepted = {"softmax_scale", "rescale_threshold", "beta", "q_descale", "k_descale", "v_descale", *STAGE_KNOBS}
     unknown = sorted(set(levers) - accepted)
     if unknown:
         raise TypeError(f"fp8_backend: unknown levers {unknown}; accepted: {sorted(accepted)}")
+    knobs = {name: value for name, value in levers.items() if name in STAGE_KNOBS}
+    stage = softmax_stage(softmax_mode, levers.get("rescale_threshold"), levers.get("beta"), **knobs) or SoftmaxStage()
+    stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
 
     def backend(q, k, v, causal):
         with torch.no_grad():
             return flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=softmax_mode, **levers)
 
     return backend
+
+
+def _check_caller_buffer(name: str, t, shape: tuple, dtype: torch.dtype, device) -> None:
+    """A caller's `out` / `lse` on FA4's route: FA4's checks (`_validate_tensor`, `validate_output_layout`) as
+    errors naming the buffer, so that the copy into it can neither broadcast nor convert."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be None or a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device:
+        raise ValueError(
+            f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {device}, got {t.dtype} "
+            f"{tuple(t.shape)} on {t.device}"
+        )
+    if 0 in t.stride() or (t.numel() > 1 and t.stride(-1) != 1):
+        raise ValueError(
+            f"{name} must have no broadcast dimension and a contiguous last dimension, got strides {t.stride()}"
+        )
 
 
 def fa4_sm90_fp8_forward(
@@ -537,42 +494,14 @@ def fa4_sm90_fp8_forward(
     features: dict | None = None,
 ):
     """Routing entry for FA4's `_flash_attn_fwd` on SM90 with FP8 inputs; returns its 5-tuple (out, lse, None,
-    None, None). `softmax_stage` is `fa4_rowmax.interface.SoftmaxStage` or None (exact); `features` maps FA4
-    argument names to their values, each refused unless stock (interface.FEATURE_STOCK_VALUES) or one of
-    VARLEN_ARGS (`flash_attn_varlen_func`'s, passed on to `flash_attn_fp8_sm90`, which checks them)."""
-    from fa4_rowmax.interface import refuse_untested_features
-
-    features = features or {}
-    refuse_untested_features(
-        features, where="by the SM90 FP8 forward (fa4_rowmax.fp8_sm90)", accepted="", tested=VARLEN_ARGS
-    )
-    knobs = {}
-    mode = "exact"
-    if softmax_stage is not None:
-        mode = softmax_stage.mode
-        knobs = dict(
-            rescale_threshold=softmax_stage.rescale_threshold,
-            beta=softmax_stage.beta,
-            anchor_rounding=softmax_stage.anchor_rounding,
-            rescale_vote=softmax_stage.rescale_vote,
-        )
-    result_out, result_lse = flash_attn_fp8_sm90(
-        q,
-        k,
-        v,
-        softmax_scale,
-        causal,
-        mode,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
-        **{name: features.get(name) for name in VARLEN_ARGS},
-        **knobs,
-    )
-    if out is not None:
-        out.copy_(result_out)
-        result_out = out
-    if lse is not None:
-        lse.copy_(result_lse)
-        result_lse = lse
-    return result_out, result_lse, None, None, None
+    None, None). `softmax_stage` is the `fa4_rowmax.interface.SoftmaxStage` of the patched `flash_attn_func`'s
+    arguments, or None (stock); `features` maps FA4 argument names to their values, each refused by
+    `SoftmaxStage.for_kernel` unless stock (interface.FEATURE_STOCK_VALUES) or tested on this forward
+    (interface.FP8_SM90_FEATURES_TESTED). A caller's `out` / `lse` is checked as FA4 checks it, then filled."""
+    features = dict(features or {})
+    varlen_args = {name: features.pop(name, None) for name in VARLEN_ARGS}
+    descales = (q_descale, k_descale, v_descale)
+    stage = softmax_stage or SoftmaxStage()
+    result = _forward(q, k, v, softmax_scale, causal, stage, descales, varlen_args, True, features, out, lse)
+    out, lse = (given.copy_(r) if given is not None else r for given, r in zip((out, lse), result))
+    return out, lse, None, None, None

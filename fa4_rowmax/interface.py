@@ -12,13 +12,21 @@ key and hands it to the kernel, which swaps its `Softmax` / `SoftmaxSm100` for o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
 
-from fa4_rowmax.config import ANCHOR_ROUNDINGS, FP8_MAX_OFFSET, KERNEL_MODES, LOG2_ROUND_UP, SoftmaxConfig
+from fa4_rowmax.config import (
+    FP8_MAX_OFFSET,
+    FP8_SM90_MODES,
+    KERNEL_MODES,
+    STAGE_KNOBS,
+    SoftmaxConfig,
+    check_knob,
+    check_p_range,
+    check_real,
+)
 
 APPROXIMATE_MODES = tuple(m for m in KERNEL_MODES if m != "exact")
 
@@ -56,6 +64,16 @@ FEATURE_STOCK_VALUES = {
     "seqlen_k_per_split": None,
 }
 FEATURES_TESTED: tuple[str, ...] = ()
+# The SM90 FP8 forward (fa4_rowmax/fp8_sm90.py) takes FA4's varlen arguments and the descales, each tested on the
+# H200 there (tests/test_fp8_sm90_varlen.py, tests/test_fp8_sm90_gpu.py); it refuses every other feature.
+FP8_SM90_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
+FP8_SM90_FEATURES_TESTED = (*FP8_SM90_VARLEN_ARGS, "q_descale", "k_descale", "v_descale")
+# The kernels of config.KERNELS, as a refusal names them.
+KERNEL_NAMES = {
+    "sm90": "SM90 (Hopper) FA4 forward",
+    "sm100": "SM100-family FA4 forward",
+    "sm90_fp8": "SM90 FP8 forward (fa4_rowmax.fp8_sm90)",
+}
 
 
 def refuse_untested_features(features: dict, *, where: str, accepted: str, tested: tuple[str, ...] = ()) -> None:
@@ -89,10 +107,9 @@ def _log2_dtype_max(q_dtype: torch.dtype) -> float:
     from flash_attn.cute.flash_fwd_sm100 import _LOG2_DTYPE_MAX
     from flash_attn.cute.interface import torch2cute_dtype_map
 
-    if q_dtype not in torch2cute_dtype_map or torch2cute_dtype_map[q_dtype] not in _LOG2_DTYPE_MAX:
-        raise ValueError(
-            f"q dtype must be one of {sorted(map(str, torch2cute_dtype_map))} for a softmax stage; got {q_dtype}"
-        )
+    accepted = [dtype for dtype, cute_dtype in torch2cute_dtype_map.items() if cute_dtype in _LOG2_DTYPE_MAX]
+    if q_dtype not in accepted:
+        raise ValueError(f"q_dtype must be one of {sorted(map(str, accepted))} for a softmax stage; got {q_dtype}")
     return _LOG2_DTYPE_MAX[torch2cute_dtype_map[q_dtype]]
 
 
@@ -112,32 +129,53 @@ def fa4_max_offset(q_dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class SoftmaxStage:
-    """The softmax-stage configuration of one FA4 forward kernel (part of FA4's compile-cache key).
+    """The softmax-stage configuration of one forward kernel (part of its compile-cache key): FA4's SM90 / SM100
+    forwards and the SM90 FP8 forward alike.
 
-    `rescale_threshold` and `beta` are `None` until `for_kernel` resolves them for an architecture:
-    threshold `None` means the architecture's stock value (SM90: 0, it always rescales; SM100: 8 for 16-bit
-    inputs, 0 for FP8), beta `None` means stock (`exact`: FA4's tuning; approximate modes: 1, every weight
+    The knobs are the user's arguments, one field each under the argument's name (`mode` is `softmax_mode`, the
+    name SoftmaxConfig and the kernels use; the others are in config.STAGE_KNOBS, Note [Softmax-stage knobs]).
+    `softmax_stage` checks them against each other, `for_kernel` resolves them for an architecture and input
+    dtype and fills the fields below the knobs. Before that, `rescale_threshold` None means the architecture's
+    stock value (SM90: 0, it always rescales; SM100: 8 for 16-bit inputs, 0 for FP8) and beta None stock
+    (`exact`: FA4's tuning, on the SM90 FP8 forward every exp2 on the MUFU; approximate modes: 1, every weight
     built off the MUFU).
 
-    SM90-only levers (ValueError elsewhere): `anchor_rounding="half_octave"` (rowmax_h15) folds scale,
-    anchor subtraction and round-add into one FFMA on an anchor rounded to a half octave (this changes
-    values; the reference takes `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips
-    the O rescale when no row of a warp moved its anchor (changes instructions, never values).
+    SM90 levers: `anchor_rounding="half_octave"` (rowmax_h15) folds scale, anchor subtraction and round-add into
+    one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
+    `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
+    moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
+    `exp2_deleted`, `tile_n` (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
     rescale_threshold: Optional[float] = None
     beta: Optional[float] = None
+    anchor_rounding: str = STAGE_KNOBS["anchor_rounding"].default
+    rescale_vote: bool = STAGE_KNOBS["rescale_vote"].default
+    row_sum: str = STAGE_KNOBS["row_sum"].default
+    clamp: str = STAGE_KNOBS["clamp"].default
+    exp2_deleted: bool = STAGE_KNOBS["exp2_deleted"].default
+    tile_n: int = STAGE_KNOBS["tile_n"].default
+    pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
+    # Resolved by for_kernel:
     arch: Optional[int] = None
-    max_offset: int = 0
-    anchor_rounding: str = "exact"
-    rescale_vote: bool = False
     q_dtype: Optional[torch.dtype] = None
+    max_offset: int = 0
     threshold_from_fa4: bool = False  # rescale_threshold was None: FA4's default, checked at trace time
+    has_descale: bool = False  # SM90 FP8: q/k/v descales given (Note [Descales], stage/softmax_sm90_fp8.py)
+
+    @property
+    def kernel(self) -> str:
+        """Which kernel this resolved stage compiles into (config.KERNELS)."""
+        self._check_resolved()
+        if self.arch // 10 == 9:
+            return "sm90_fp8" if torch.finfo(self.q_dtype).bits == 8 else "sm90"
+        return "sm100"
 
     def for_kernel(self, *, arch: int, q_dtype: torch.dtype, features: Optional[dict] = None) -> "SoftmaxStage":
         """Resolve the knobs for `arch` (e.g. 90, 100) and the input dtype; refuse untested FA4 features
-        (`features`: FA4 argument -> value, Note [Features allowed with a softmax stage]); check the P range."""
+        (`features`: FA4 argument -> value, Note [Features allowed with a softmax stage]) and knobs the kernel
+        does not implement; apply FA4's stock defaults and the range rule."""
         family = arch // 10
         if family not in (9, 10, 11):
             raise ValueError(
@@ -145,31 +183,56 @@ class SoftmaxStage:
                 f"(arch 90, 100, 103, 110); got arch {arch}. Accepted on other GPUs: softmax_mode='exact' "
                 "with rescale_threshold=None and beta=None."
             )
-        check_features(self.mode, features or {})
-        if family != 9 and (self.anchor_rounding != "exact" or self.rescale_vote):
-            raise ValueError(
-                f"anchor_rounding={self.anchor_rounding!r} / rescale_vote={self.rescale_vote} are SM90 (Hopper) "
-                f"levers; got arch {arch}. Accepted there: anchor_rounding='exact', rescale_vote=False"
+        log2_p_max = _log2_dtype_max(q_dtype)
+        features = features or {}
+        kernel = replace(self, arch=arch, q_dtype=q_dtype).kernel
+        if kernel == "sm90_fp8":
+            refuse_untested_features(
+                features,
+                where="by the SM90 FP8 forward (fa4_rowmax.fp8_sm90)",
+                accepted="",
+                tested=FP8_SM90_FEATURES_TESTED,
             )
+        else:
+            check_features(self.mode, features)
+        for name, knob in STAGE_KNOBS.items():
+            if getattr(self, name) != knob.default and kernel not in knob.kernels:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is implemented by the "
+                    f"{' and the '.join(KERNEL_NAMES[k] for k in knob.kernels)} only; got arch {arch} with {q_dtype} "
+                    f"inputs (the {KERNEL_NAMES[kernel]}). Accepted there: {name}={knob.default!r}"
+                )
+        beta = self.beta
+        if kernel == "sm90_fp8":
+            beta = _fp8_sm90_beta(self)
+            if self.rescale_vote and self.pv_accumulation == "two_level":
+                raise ValueError(
+                    "rescale_vote=True applies to pv_accumulation='single' only: two-level accumulation promotes every "
+                    "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
+                    "accumulation]); accepted with pv_accumulation='two_level': rescale_vote=False"
+                )
         max_offset = fa4_max_offset(q_dtype)
         threshold = self.rescale_threshold
         if threshold is None:
             threshold = fa4_default_rescale_threshold(arch, q_dtype)
-        bound = _log2_dtype_max(q_dtype)
-        if max_offset + threshold + LOG2_ROUND_UP[self.mode] >= bound:
-            raise ValueError(
-                f"rescale_threshold={threshold} is too large for {q_dtype} inputs in softmax_mode="
-                f"{self.mode!r}: max_offset ({max_offset}) + rescale_threshold + the mode's round-up "
-                f"({LOG2_ROUND_UP[self.mode]:.3f} octaves) must stay below log2 of the P dtype's max "
-                f"({bound:.3f}); accepted: rescale_threshold < {bound - max_offset - LOG2_ROUND_UP[self.mode]:.3f}"
-            )
+        check_p_range(
+            self.mode,
+            threshold,
+            max_offset,
+            log2_p_max,
+            name="rescale_threshold",
+            where=f"softmax_mode={self.mode!r} with {q_dtype} inputs",
+        )
+        has_descale = any(features.get(name) is not None for name in ("q_descale", "k_descale", "v_descale"))
         return replace(
             self,
             rescale_threshold=float(threshold),
+            beta=beta,
             arch=arch,
-            max_offset=max_offset,
             q_dtype=q_dtype,
+            max_offset=max_offset,
             threshold_from_fa4=self.rescale_threshold is None,
+            has_descale=has_descale,
         )
 
     def reference_config(self, *, tile_n: int) -> SoftmaxConfig:
@@ -198,10 +261,14 @@ class SoftmaxStage:
 
     def _check_stock_defaults(self, softmax) -> None:
         """FA4's own rule is the source of the defaults: the stock softmax object FA4 built for this kernel
-        must carry the max_offset (and, when the user left it None, the threshold) resolved on the host."""
+        must carry the max_offset (and, when the user left it None, the threshold) resolved on the host. FA4's
+        SM90 `Softmax` has no max_offset (FA4 has no SM90 FP8 forward): the SM90 FP8 forward's offset is FA4's
+        SM100 FP8 rule (`fa4_max_offset`, Note [FP8 max_offset] in stage/softmax_sm90_fp8.py), so there the
+        stock object must carry none."""
         stock_offset = getattr(softmax, "max_offset", 0)
-        assert int(stock_offset) == self.max_offset, (
-            f"FA4 built its softmax with max_offset {stock_offset}; fa4_rowmax resolved {self.max_offset} "
+        expected_offset = 0 if self.kernel == "sm90_fp8" else self.max_offset
+        assert int(stock_offset) == expected_offset, (
+            f"FA4 built its softmax with max_offset {stock_offset}; fa4_rowmax expected {expected_offset} "
             "(fa4_max_offset has drifted from FA4's rule)"
         )
         if self.threshold_from_fa4:
@@ -212,19 +279,17 @@ class SoftmaxStage:
             )
 
     def sm90(self, softmax):
-        """The SM90 kernel's `Softmax`, replaced by `RowmaxSoftmaxSm90` with this stage's knobs."""
-        from fa4_rowmax.stage.softmax_sm90 import RowmaxSoftmaxSm90
-
+        """The SM90 kernel's `Softmax`, replaced by the stage's: `RowmaxSoftmaxSm90` (16-bit inputs) or
+        `Fp8SoftmaxSm90` (the SM90 FP8 forward)."""
         self._check_resolved()
         self._check_stock_defaults(softmax)
-        return RowmaxSoftmaxSm90.from_stock(
-            softmax,
-            mode=self.mode,
-            beta=self.beta,
-            rescale_threshold=self.rescale_threshold,
-            anchor_rounding=self.anchor_rounding,
-            rescale_vote=self.rescale_vote,
-        )
+        if self.kernel == "sm90_fp8":
+            from fa4_rowmax.stage.softmax_sm90_fp8 import Fp8SoftmaxSm90
+
+            return Fp8SoftmaxSm90.from_stock(softmax, self)
+        from fa4_rowmax.stage.softmax_sm90 import RowmaxSoftmaxSm90
+
+        return RowmaxSoftmaxSm90.from_stock(softmax, self)
 
     def sm100(self, softmax):
         """The SM100 kernel's `SoftmaxSm100`, replaced by `RowmaxSoftmaxSm100` with this stage's knobs."""
@@ -237,19 +302,39 @@ class SoftmaxStage:
         )
 
 
+def _fp8_sm90_beta(stage: SoftmaxStage) -> Optional[float]:
+    """beta on the SM90 FP8 forward (Note [beta on the FP8 exact twin], stage/softmax_sm90_fp8.py): exact keeps a
+    share in (0, 1] and maps 0 to None (the unchanged kernel: one stage, one compile key, one SASS); rowmax_h15
+    takes None or 1.0 (its weights use no MUFU at all), both None."""
+    if stage.mode not in FP8_SM90_MODES:
+        raise ValueError(f"softmax_mode must be one of {FP8_SM90_MODES} on the SM90 FP8 path, got {stage.mode!r}")
+    if stage.beta is None:
+        return None
+    if stage.mode == "rowmax_h15":
+        if stage.beta != 1.0:
+            raise ValueError(
+                f"beta must be None or 1.0 with softmax_mode='rowmax_h15' on the SM90 FP8 path, got {stage.beta!r}: "
+                "every H15 weight is built by integer ops off the MUFU (Note [H15 e4m3 bytes by integer ops]), so "
+                "there is no MUFU share to choose"
+            )
+        return None
+    return stage.beta if stage.beta > 0.0 else None
+
+
 def softmax_stage(
     softmax_mode: str = "exact",
     rescale_threshold: Optional[float] = None,
     beta: Optional[float] = None,
     *,
     requires_grad: bool = False,
-    anchor_rounding: str = "exact",
-    rescale_vote: bool = False,
+    **knobs,
 ) -> Optional[SoftmaxStage]:
-    """Validate the user's softmax arguments; `None` means stock FA4.
+    """Validate the user's softmax arguments; `None` means stock FA4 (every knob at its default).
 
-    `anchor_rounding` and `rescale_vote` are the SM90 levers of `SoftmaxStage` (keyword-only; the patched
-    `flash_attn_func` does not take them: use `rowmax_attn_func`).
+    `knobs` are config.STAGE_KNOBS by name (keyword-only; anchor_rounding and rescale_vote are the SM90 levers,
+    which the patched `flash_attn_func` does not take: use `rowmax_attn_func`; row_sum, clamp, exp2_deleted and
+    tile_n belong to the SM90 FP8 forward). Each is checked here against the table and the other knobs; whether
+    the kernel implements it is `SoftmaxStage.for_kernel`'s check.
 
     Raises TypeError/ValueError naming the argument and the accepted values. An approximate mode is
     forward-only (FA4's backward recomputes P with exact exp2), so `requires_grad=True` raises.
@@ -258,33 +343,34 @@ def softmax_stage(
         raise TypeError(f"softmax_mode must be a str, one of {KERNEL_MODES}; got {type(softmax_mode).__name__}")
     if softmax_mode not in KERNEL_MODES:
         raise ValueError(f"softmax_mode must be one of {KERNEL_MODES}; got {softmax_mode!r}")
+    accepted = "None (the architecture's default) or a finite float >= 0 (log2 units)"
     if rescale_threshold is not None:
-        if isinstance(rescale_threshold, bool) or not isinstance(rescale_threshold, (int, float)):
-            raise TypeError(
-                "rescale_threshold must be None (the architecture's default) or a finite float >= 0 "
-                f"(log2 units); got {type(rescale_threshold).__name__}"
-            )
-        if not math.isfinite(rescale_threshold) or rescale_threshold < 0:
-            raise ValueError(
-                "rescale_threshold must be None (the architecture's default) or a finite float >= 0 "
-                f"(log2 units); got {rescale_threshold}"
-            )
-        rescale_threshold = float(rescale_threshold)
+        rescale_threshold = check_real("rescale_threshold", rescale_threshold, 0.0, accepted=accepted)
     if beta is not None:
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)):
-            raise TypeError(f"beta must be None (stock) or a float in [0, 1]; got {type(beta).__name__}")
-        if not (0.0 <= beta <= 1.0):
-            raise ValueError(f"beta must be None (stock) or a float in [0, 1]; got {beta}")
-        beta = float(beta)
-    if not isinstance(anchor_rounding, str) or anchor_rounding not in ANCHOR_ROUNDINGS:
-        raise ValueError(f"anchor_rounding must be one of {ANCHOR_ROUNDINGS}; got {anchor_rounding!r}")
-    if anchor_rounding != "exact" and softmax_mode != "rowmax_h15":
+        beta = check_real("beta", beta, 0.0, 1.0, accepted="None or a number in [0, 1]")
+    unknown = sorted(set(knobs) - set(STAGE_KNOBS))
+    if unknown:
+        raise TypeError(f"unknown softmax-stage knobs {unknown}; accepted: {sorted(STAGE_KNOBS)}")
+    knobs = {name: check_knob(name, knobs.get(name, knob.default)) for name, knob in STAGE_KNOBS.items()}
+    if knobs["anchor_rounding"] != "exact" and softmax_mode != "rowmax_h15":
         raise ValueError(
-            f"anchor_rounding={anchor_rounding!r} applies to softmax_mode='rowmax_h15' only; got "
+            f"anchor_rounding={knobs['anchor_rounding']!r} applies to softmax_mode='rowmax_h15' only; got "
             f"softmax_mode={softmax_mode!r} (accepted with it: anchor_rounding='exact')"
         )
-    if not isinstance(rescale_vote, bool):
-        raise TypeError(f"rescale_vote must be a bool; got {type(rescale_vote).__name__}")
+    if knobs["clamp"] == "sat" and (softmax_mode != "rowmax_h15" or knobs["anchor_rounding"] != "exact"):
+        raise ValueError(
+            "clamp='sat' applies to softmax_mode='rowmax_h15' with anchor_rounding='exact' only; got "
+            f"softmax_mode={softmax_mode!r}, anchor_rounding={knobs['anchor_rounding']!r} (accepted: clamp='max')"
+        )
+    if knobs["exp2_deleted"] and softmax_mode != "exact":
+        raise ValueError(
+            f"exp2_deleted is a cost probe of softmax_mode='exact' only; got softmax_mode={softmax_mode!r} "
+            "(accepted: exp2_deleted=False)"
+        )
+    if knobs["exp2_deleted"] and beta is not None:
+        raise ValueError(
+            f"beta must be None with exp2_deleted=True, got {beta!r}: the probe computes no exp2 to move off the MUFU"
+        )
     if softmax_mode in APPROXIMATE_MODES and requires_grad:
         raise ValueError(
             f"softmax_mode={softmax_mode!r} is forward-only: FA4's backward recomputes P with exact exp2, "
@@ -292,15 +378,10 @@ def softmax_stage(
             "torch.inference_mode() or on inputs that do not require grad; accepted with gradients: "
             "softmax_mode='exact'"
         )
-    if softmax_mode == "exact" and rescale_threshold is None and beta is None and not rescale_vote:
+    stock = all(value == STAGE_KNOBS[name].default for name, value in knobs.items())
+    if softmax_mode == "exact" and rescale_threshold is None and beta is None and stock:
         return None
-    return SoftmaxStage(
-        mode=softmax_mode,
-        rescale_threshold=rescale_threshold,
-        beta=beta,
-        anchor_rounding=anchor_rounding,
-        rescale_vote=rescale_vote,
-    )
+    return SoftmaxStage(mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta, **knobs)
 
 
 def rowmax_attn_func(

@@ -76,3 +76,73 @@ def test_row_anchor_only_for_fa4_modes(mode):
     with pytest.raises(ValueError, match="anchor"):
         SoftmaxConfig(mode=mode, anchor="row")
     assert SoftmaxConfig(mode="rowmax_h15", anchor="row").anchor == "row"
+
+
+# --- the softmax-stage knobs: one table, one resolution (Note [Softmax-stage knobs]) ------------------------------
+
+
+def test_every_knob_is_a_stage_field_with_its_default():
+    from fa4_rowmax.config import KERNELS, STAGE_KNOBS
+    from fa4_rowmax.interface import SoftmaxStage
+
+    fields = {f.name: f.default for f in dataclasses.fields(SoftmaxStage)}
+    for name, knob in STAGE_KNOBS.items():
+        assert fields[name] == knob.default and knob.default in knob.accepted, name
+        assert knob.kernels and set(knob.kernels) <= set(KERNELS), name
+
+
+def test_a_knob_on_a_kernel_without_it_is_refused_by_name():
+    from fa4_rowmax.interface import softmax_stage
+
+    stage = softmax_stage("exact", row_sum="mma")
+    with pytest.raises(ValueError, match=r"row_sum='mma' is implemented by the SM90 FP8 forward .* only.*"):
+        stage.for_kernel(arch=90, q_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"anchor_rounding='half_octave' is implemented by the SM90 \(Hopper\)"):
+        softmax_stage("rowmax_h15", anchor_rounding="half_octave").for_kernel(arch=100, q_dtype=torch.bfloat16)
+    assert stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn).row_sum == "mma"
+
+
+def test_the_fp8_path_resolves_through_fa4_defaults_and_checks_them_at_trace_time():
+    """Issue 23 item 1: the SM90 FP8 forward's stage comes from SoftmaxStage.for_kernel (FA4's threshold and
+    max_offset rules), and its trace-time hook checks the stock softmax object as the BF16 path does."""
+    from types import SimpleNamespace
+
+    from fa4_rowmax.interface import softmax_stage
+
+    stage = softmax_stage("rowmax_h15").for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
+    assert (stage.kernel, stage.rescale_threshold, stage.max_offset, stage.threshold_from_fa4) == (
+        "sm90_fp8",
+        0.0,
+        8,
+        True,
+    )
+    with pytest.raises(AssertionError, match="rescale_threshold 1.0"):
+        stage._check_stock_defaults(SimpleNamespace(rescale_threshold=1.0))
+    with pytest.raises(AssertionError, match="max_offset 8"):
+        stage._check_stock_defaults(SimpleNamespace(max_offset=8))
+    stage._check_stock_defaults(SimpleNamespace())  # FA4's SM90 Softmax: no max_offset, threshold 0
+
+
+# --- issue 25 defect 10: the interface's edges ---------------------------------------------------------------------
+
+
+def test_a_threshold_beyond_float_range_is_refused_by_name():
+    from fa4_rowmax.interface import softmax_stage
+
+    with pytest.raises(ValueError, match=r"rescale_threshold must be None .* >= 0 \(log2 units\), got 1000"):
+        softmax_stage("rowmax_h15", 10**400)
+    with pytest.raises(ValueError, match=r"beta must be None or a number in \[0, 1\], got 1000"):
+        softmax_stage("exact", None, 10**400)
+    with pytest.raises(ValueError, match=r"SoftmaxConfig.rescale_threshold must be a finite number >= 0.0"):
+        SoftmaxConfig(rescale_threshold=10**400)
+
+
+def test_an_unsupported_q_dtype_is_refused_with_the_true_list():
+    from fa4_rowmax.interface import softmax_stage
+
+    with pytest.raises(ValueError) as info:
+        softmax_stage("rowmax_h15").for_kernel(arch=90, q_dtype=torch.float32)
+    message = str(info.value)
+    assert message.startswith("q_dtype must be one of [") and message.endswith("; got torch.float32")
+    accepted = message.split("[", 1)[1].split("]", 1)[0]
+    assert "torch.float32" not in accepted and "torch.bfloat16" in accepted and "torch.float8_e4m3fn" in accepted

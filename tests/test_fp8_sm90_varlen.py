@@ -102,8 +102,9 @@ def test_mma_row_sum_bound_is_total_k_in_varlen():
     from fa4_rowmax.fp8_sm90 import MMA_ROW_SUM_MAX_KEYS, flash_attn_fp8_sm90
 
     q, k, v, cu_q, cu_k = _cpu_problem(lengths_k=(MMA_ROW_SUM_MAX_KEYS // 2, MMA_ROW_SUM_MAX_KEYS // 2 + 1))
-    with pytest.raises(ValueError, match=r"row_sum='mma' is accepted for total_k .* <= 2048 only .* got total_k 2049"):
-        flash_attn_fp8_sm90(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, row_sum="mma")
+    single = r"row_sum='mma' with pv_accumulation='single' is accepted for total_k .* <= 2048 only .* got total_k 2049"
+    with pytest.raises(ValueError, match=single):
+        flash_attn_fp8_sm90(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, row_sum="mma", pv_accumulation="single")
 
 
 @pytest.mark.parametrize("varlen", [False, True])

@@ -15,13 +15,18 @@ in `exact` it moves them by the polynomial's error (Note [beta selects instructi
 in `softmax_sm90.py` and `softmax_sm100.py`.
 """
 
+import dataclasses
 import math
 from fractions import Fraction
 from typing import NamedTuple
 
-from cutlass import Float32
+import cutlass
+import cutlass.cute as cute
+import flash_attn.cute.utils as utils
+from cutlass import Float32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+from quack import layout_utils
 
 # Note [H15 in fp32 bits]
 # In [2^22, 2^23) the fp32 ulp is 0.5, so `r = x + 1.5 * 2^22` (round to nearest even) rounds x to the
@@ -316,19 +321,111 @@ class RowmaxSoftmaxMixin:
     Constexpr fields `mode` (str), `beta` (float or None) and `rescale_threshold` (float).
     """
 
+    STOCK_FIELDS = ("scale_log2", "num_rows", "row_max", "row_sum", "arch", "softmax_scale")
+
     @staticmethod
     def stock_fields(softmax) -> tuple:
         """The positional fields of FA4's `Softmax` / `SoftmaxSm100` (scale, row statistics, arch), in order;
         `from_stock` passes them on so the subclass takes over the stage the kernel created."""
-        return (
-            softmax.scale_log2,
-            softmax.num_rows,
-            softmax.row_max,
-            softmax.row_sum,
-            softmax.arch,
-            softmax.softmax_scale,
-        )
+        return tuple(getattr(softmax, name) for name in RowmaxSoftmaxMixin.STOCK_FIELDS)
+
+    @classmethod
+    def stage_knobs(cls, stage) -> dict:
+        """The subclass's Constexpr knob fields, each taken from the resolved stage's field of the same name
+        (interface.SoftmaxStage, Note [Softmax-stage knobs] in config.py); FA4's own fields stay the stock
+        object's (`row_sum` there is the row-sum tensor, not the knob)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in RowmaxSoftmaxMixin.STOCK_FIELDS]
+        return {name: getattr(stage, name) for name in names if hasattr(stage, name)}
 
     def off_mufu(self, index: int, count: int) -> bool:
         beta = self.beta if self.beta is not None else (0.0 if self.mode == "exact" else 1.0)
         return off_mufu(index, count, beta)
+
+
+def _fmax_nan(a: Float32, b: Float32) -> Float32:
+    return cute.arch.fmax(a, b, nan=True)
+
+
+@cute.jit
+def quad_row_max(acc_S_row: cute.TensorSSA, init_val, nan_rows: cutlass.Constexpr[bool], arch) -> Float32:
+    """A row's max over the thread's elements and its quad (the 4 threads sharing the row), from `init_val`
+    (None: none). `nan_rows`: NaN-propagating (Note [NaN rows in the approximate modes], softmax_sm90.py)."""
+    if const_expr(nan_rows):
+        values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
+        values.store(acc_S_row)
+        partial = [values[0], values[1], values[2], values[3]]
+        for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
+            for j in cutlass.range_constexpr(4):
+                partial[j] = _fmax_nan(partial[j], values[i + j])
+        local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
+        if const_expr(init_val is not None):
+            local = _fmax_nan(local, init_val)
+        return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
+    local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=arch)
+    return cute.arch.warp_reduction_max(local, threads_in_group=4)
+
+
+class Sm90OnlineSoftmaxMixin(RowmaxSoftmaxMixin):
+    """The SM90 online softmax both SM90 stages run (`RowmaxSoftmaxSm90`, `Fp8SoftmaxSm90`): per row the
+    quad-reduced max, the rescale factor (a rounded anchor's with a half-octave anchor, none while a stale max
+    stays within `rescale_threshold`), then the stage's own weights and row sum: `row_weights(acc_S_mn, r,
+    row_max_safe, row_scale, scale_log2, is_first)` writes row r's weights into acc_S_mn and its sum into
+    `row_sum[r]` (rescaled by `row_scale[r]` unless `is_first`).
+
+    Subclasses also declare the Constexpr field `anchor_rounding` (str) and define `nan_rows`.
+    """
+
+    @property
+    def folded(self) -> bool:
+        return self.mode == "rowmax_h15" and self.anchor_rounding == "half_octave"
+
+    def current_scale_log2(self) -> Float32:
+        """The logit scale (log2 units) of this work tile; the FP8 stage folds the descales in."""
+        return self.scale_log2
+
+    @cute.jit
+    def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
+        """Quad-reduced row max; NaN-propagating with `nan_rows` (a clamp would hide NaN scores)."""
+        return quad_row_max(acc_S_row, init_val, self.nan_rows, self.arch)
+
+    @cute.jit
+    def online_softmax(
+        self,
+        acc_S: cute.Tensor,
+        is_first: cutlass.Constexpr[bool] = False,
+        check_inf: cutlass.Constexpr[bool] = True,
+    ) -> cute.Tensor:
+        """Replace acc_S by the stage's weights, update row max and sum, return the factor to rescale O by.
+
+        `check_inf` is accepted for the stock signature; a fully masked row (max -inf) is always anchored at 0
+        here, so its weights are 0 and never NaN.
+        """
+        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
+        row_scale = cute.make_fragment_like(self.row_max, Float32)
+        row_max = self.row_max
+        scale_log2 = self.current_scale_log2()
+        for r in cutlass.range(cute.size(row_max), unroll_full=True):
+            row_max_cur = self.row_max_of(acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None)
+            row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
+            if const_expr(is_first):
+                row_scale[r] = 1.0
+            else:
+                row_max_old = row_max[r]
+                acc_scale_ = (row_max_old - row_max_safe) * scale_log2
+                if const_expr(self.folded):
+                    # a_old - a_new of the rounded anchors (exact: both addends are multiples of 0.5).
+                    row_scale[r] = cute.math.exp2(
+                        h15_anchor_addend(row_max_safe, scale_log2) - h15_anchor_addend(row_max_old, scale_log2),
+                        fastmath=True,
+                    )
+                else:
+                    row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
+                if const_expr(self.rescale_threshold > 0.0):
+                    # Stale max within the threshold: keep it and skip the rescale.
+                    if acc_scale_ >= -self.rescale_threshold:
+                        row_max_cur = row_max_old
+                        row_max_safe = row_max_old
+                        row_scale[r] = 1.0
+            row_max[r] = row_max_cur
+            self.row_weights(acc_S_mn, r, row_max_safe, row_scale, scale_log2, is_first)
+        return row_scale

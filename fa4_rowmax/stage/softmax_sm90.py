@@ -39,11 +39,11 @@ import cutlass.cute as cute
 import flash_attn.cute.utils as utils
 from cutlass import Float32, const_expr
 from flash_attn.cute.softmax import Softmax
-from quack import layout_utils
 
 from fa4_rowmax.stage.softmax_base import (
     H15_ROUND,
     RowmaxSoftmaxMixin,
+    Sm90OnlineSoftmaxMixin,
     h15_alu,
     h15_anchor_addend,
     h15_folded_alu,
@@ -54,31 +54,8 @@ from fa4_rowmax.stage.softmax_base import (
 )
 
 
-def _fmax_nan(a: Float32, b: Float32) -> Float32:
-    return cute.arch.fmax(a, b, nan=True)
-
-
-@cute.jit
-def quad_row_max(acc_S_row: cute.TensorSSA, init_val, nan_rows: cutlass.Constexpr[bool], arch) -> Float32:
-    """A row's max over the thread's elements and its quad (the 4 threads sharing the row), from `init_val`
-    (None: none). `nan_rows`: NaN-propagating (Note [NaN rows in the approximate modes]); both SM90 stages."""
-    if const_expr(nan_rows):
-        values = cute.make_rmem_tensor(acc_S_row.shape, Float32)
-        values.store(acc_S_row)
-        partial = [values[0], values[1], values[2], values[3]]
-        for i in cutlass.range_constexpr(4, cute.size(acc_S_row.shape), 4):
-            for j in cutlass.range_constexpr(4):
-                partial[j] = _fmax_nan(partial[j], values[i + j])
-        local = _fmax_nan(_fmax_nan(partial[0], partial[1]), _fmax_nan(partial[2], partial[3]))
-        if const_expr(init_val is not None):
-            local = _fmax_nan(local, init_val)
-        return cute.arch.warp_reduction(local, _fmax_nan, threads_in_group=4)
-    local = utils.fmax_reduce(acc_S_row, init_val=init_val, arch=arch)
-    return cute.arch.warp_reduction_max(local, threads_in_group=4)
-
-
 @dataclass
-class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
+class RowmaxSoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
     rescale_threshold: cutlass.Constexpr[float] = 0.0
     mode: cutlass.Constexpr[str] = "exact"
     beta: cutlass.Constexpr[float | None] = None
@@ -86,28 +63,10 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     rescale_vote: cutlass.Constexpr[bool] = False
 
     @staticmethod
-    def from_stock(
-        softmax: Softmax,
-        *,
-        mode: str,
-        beta: float | None,
-        rescale_threshold: float,
-        anchor_rounding: str = "exact",
-        rescale_vote: bool = False,
-    ):
-        """Take over the row statistics of the `Softmax` the kernel created."""
-        return RowmaxSoftmaxSm90(
-            *RowmaxSoftmaxMixin.stock_fields(softmax),
-            rescale_threshold=rescale_threshold,
-            mode=mode,
-            beta=beta,
-            anchor_rounding=anchor_rounding,
-            rescale_vote=rescale_vote,
-        )
-
-    @property
-    def folded(self) -> bool:
-        return self.mode == "rowmax_h15" and self.anchor_rounding == "half_octave"
+    def from_stock(softmax: Softmax, stage):
+        """Take over the row statistics of the `Softmax` the kernel created, with the knobs of the resolved
+        `stage` (interface.SoftmaxStage)."""
+        return RowmaxSoftmaxSm90(*RowmaxSoftmaxMixin.stock_fields(softmax), **RowmaxSoftmaxSm90.stage_knobs(stage))
 
     @property
     def nan_rows(self) -> bool:
@@ -135,65 +94,31 @@ class RowmaxSoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         return h15_folded_mufu(s, self.scale_log2, addend)
 
     @cute.jit
-    def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
-        """Quad-reduced row max; NaN-propagating in the approximate modes."""
-        return quad_row_max(acc_S_row, init_val, self.nan_rows, self.arch)
-
-    @cute.jit
-    def online_softmax(
+    def row_weights(
         self,
-        acc_S: cute.Tensor,
-        is_first: cutlass.Constexpr[bool] = False,
-        check_inf: cutlass.Constexpr[bool] = True,
-    ) -> cute.Tensor:
-        """Replace acc_S by its weights, update row max and sum, return the factor to rescale O by.
-
-        `check_inf` is accepted for the stock signature; a fully masked row (max -inf) is always
-        anchored at 0 here, so its weights are 0 and never NaN.
-        """
-        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        row_scale = cute.make_fragment_like(self.row_max, Float32)
-        row_max = self.row_max
-        row_sum = self.row_sum
-        scale_log2 = self.scale_log2
+        acc_S_mn: cute.Tensor,
+        r,
+        row_max_safe: Float32,
+        row_scale: cute.Tensor,
+        scale_log2: Float32,
+        is_first: cutlass.Constexpr[bool],
+    ) -> None:
+        """Row r's weights (Sm90OnlineSoftmaxMixin) and its fp32 row sum."""
         n_cols = cute.size(acc_S_mn, mode=[1])
-        for r in cutlass.range(cute.size(row_max), unroll_full=True):
-            row_max_cur = self.row_max_of(acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None)
-            row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
-            if const_expr(is_first):
-                row_scale[r] = 1.0
-            else:
-                row_max_old = row_max[r]
-                acc_scale_ = (row_max_old - row_max_safe) * scale_log2
-                if const_expr(self.folded):
-                    # a_old - a_new of the rounded anchors (exact: both addends are multiples of 0.5).
-                    row_scale[r] = cute.math.exp2(
-                        h15_anchor_addend(row_max_safe, scale_log2) - h15_anchor_addend(row_max_old, scale_log2),
-                        fastmath=True,
-                    )
-                else:
-                    row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
-                if const_expr(self.rescale_threshold > 0.0):
-                    # Stale max within the threshold: keep it and skip the rescale.
-                    if acc_scale_ >= -self.rescale_threshold:
-                        row_max_cur = row_max_old
-                        row_max_safe = row_max_old
-                        row_scale[r] = 1.0
-            row_max[r] = row_max_cur
-            if const_expr(self.folded):
-                addend = h15_anchor_addend(row_max_safe, scale_log2)
-                for c in cutlass.range_constexpr(n_cols):
-                    acc_S_mn[r, c] = self.folded_weight(acc_S_mn[r, c], addend, c, n_cols)
-            else:
-                bias = -row_max_safe * scale_log2
-                for c in cutlass.range_constexpr(n_cols):
-                    acc_S_mn[r, c] = self.weight(acc_S_mn[r, c] * scale_log2 + bias, c, n_cols)
-            row_sum[r] = utils.fadd_reduce(
-                acc_S_mn[r, None].load(),
-                init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
-                arch=self.arch,
-            )
-        return row_scale
+        row_sum = self.row_sum
+        if const_expr(self.folded):
+            addend = h15_anchor_addend(row_max_safe, scale_log2)
+            for c in cutlass.range_constexpr(n_cols):
+                acc_S_mn[r, c] = self.folded_weight(acc_S_mn[r, c], addend, c, n_cols)
+        else:
+            bias = -row_max_safe * scale_log2
+            for c in cutlass.range_constexpr(n_cols):
+                acc_S_mn[r, c] = self.weight(acc_S_mn[r, c] * scale_log2 + bias, c, n_cols)
+        row_sum[r] = utils.fadd_reduce(
+            acc_S_mn[r, None].load(),
+            init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
+            arch=self.arch,
+        )
 
     @cute.jit
     def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:

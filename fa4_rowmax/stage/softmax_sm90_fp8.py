@@ -19,7 +19,7 @@ As FA4's SM100 FP8 path (Note [Low Precision Scaling] in flash_fwd_sm100.py): we
 2^max_offset, max_offset = 8, so the largest weight is 256 and small weights keep e4m3's precision; the row
 sum carries the same factor and the LSE subtracts it. A stale max (rescale_threshold) lets y reach
 max_offset + rescale_threshold, and H15 rounds up by up to log2(1.5) - 0.25 octaves: the host refuses
-settings where that passes log2(448) (`fa4_rowmax.fp8_sm90`).
+settings where that passes log2(448) (`config.check_p_range`, from `interface.SoftmaxStage.for_kernel`).
 
 Note [beta on the FP8 exact twin]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -38,7 +38,7 @@ NaN: the emulation's clamp is a NaN-quiet max, so a NaN y would become +0 where 
 beta the exact twin takes the NaN-propagating row max and finalize's NaN-row rule of rowmax_h15 (`nan_rows`,
 Note [NaN rows in the approximate modes], softmax_sm90.py; FMNMX.NAN costs what FMNMX costs): a NaN or +inf
 score makes the row's max NaN or +inf, so every y of the row is NaN, O is NaN and the LSE -inf, what beta 0
-gives through exp2(NaN) in P and the row sum. The host (`fp8_sm90.resolve_stage`) maps beta 0 to None (the
+gives through exp2(NaN) in P and the row sum. The host (`interface.SoftmaxStage.for_kernel`) maps beta 0 to None (the
 unchanged kernel: same stage, compile key and SASS), accepts only None or 1.0 for rowmax_h15 (its weights
 use no MUFU at all), and refuses beta with `exp2_deleted` (the probe computes no exp2 to move).
 
@@ -68,13 +68,11 @@ from fa4_rowmax.stage.softmax_base import (
     H15_ROUND,
     InlineAsm,
     RowmaxSoftmaxMixin,
+    Sm90OnlineSoftmaxMixin,
     _f32_hex,
     h15_anchor_addend,
     ptx_fragment,
 )
-from fa4_rowmax.stage.softmax_sm90 import quad_row_max
-
-E4M3_MAX = 448.0
 
 # Note [H15 e4m3 bytes by integer ops]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -107,7 +105,6 @@ H15_FP8_SUM_LOG2_SCALE = -120
 # with the same values.
 H15_ROUND_SAT = 1.5 * 2**23
 H15_SAT_SCALE = 1.0 / 16
-CLAMPS = ("max", "sat")
 
 # Note [Folded H15 on FP8]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -276,7 +273,6 @@ ROW_SUM_COLUMNS = 8
 # apply). With row_sum="mma" the row-sum column is promoted the same way, so the row sum is an fp32 sum of
 # per-tile sums. The price is registers: a second accumulator of O's size lives from the PV GEMM's issue to its
 # promotion, beside S of the next tile.
-PV_ACCUMULATIONS = ("two_level", "single")
 
 
 @ptx_fragment
@@ -314,7 +310,7 @@ KEY_ORDER_IN_16 = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
 
 
 @dataclass
-class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
+class Fp8SoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
     mode: cutlass.Constexpr[str] = "exact"
     rescale_threshold: cutlass.Constexpr[float] = 0.0
     beta: cutlass.Constexpr[float | None] = None
@@ -328,35 +324,16 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
     tile_v_descale: cute.Tensor = None
 
     @staticmethod
-    def from_stock(
-        softmax: Softmax,
-        *,
-        mode: str,
-        rescale_threshold: float,
-        beta: float | None,
-        exp2_deleted: bool,
-        has_descale: bool,
-        anchor_rounding: str,
-        row_sum_by_mma: bool,
-        rescale_vote: bool,
-        clamp: str,
-    ):
-        """Take over the row statistics of the `Softmax` the kernel created."""
-        tile_scale_log2 = cute.make_rmem_tensor(1, Float32)
-        tile_v_descale = cute.make_rmem_tensor(1, Float32)
+    def from_stock(softmax: Softmax, stage):
+        """Take over the row statistics of the `Softmax` the kernel created, with the knobs of the resolved `stage`
+        (interface.SoftmaxStage). FA4's `Softmax.row_sum` is the row-sum tensor, so the `row_sum` knob is held as
+        `row_sum_by_mma`."""
         return Fp8SoftmaxSm90(
             *RowmaxSoftmaxMixin.stock_fields(softmax),
-            mode=mode,
-            rescale_threshold=rescale_threshold,
-            beta=beta,
-            exp2_deleted=exp2_deleted,
-            has_descale=has_descale,
-            anchor_rounding=anchor_rounding,
-            row_sum_by_mma=row_sum_by_mma,
-            rescale_vote=rescale_vote,
-            clamp=clamp,
-            tile_scale_log2=tile_scale_log2,
-            tile_v_descale=tile_v_descale,
+            **Fp8SoftmaxSm90.stage_knobs(stage),
+            row_sum_by_mma=stage.row_sum == "mma",
+            tile_scale_log2=cute.make_rmem_tensor(1, Float32),
+            tile_v_descale=cute.make_rmem_tensor(1, Float32),
         )
 
     @property
@@ -364,10 +341,6 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         """NaN-propagating row max and NaN rows: rowmax_h15, and exact with a beta
         (Note [beta on the FP8 exact twin])."""
         return self.mode == "rowmax_h15" or self.beta is not None
-
-    @property
-    def folded(self) -> bool:
-        return self.mode == "rowmax_h15" and self.anchor_rounding == "half_octave"
 
     @cute.jit
     def set_tile_descale(self, qk_descale: Float32, v_descale: Float32) -> None:
@@ -379,93 +352,63 @@ class Fp8SoftmaxSm90(RowmaxSoftmaxMixin, Softmax):
         return self.tile_scale_log2[0] if const_expr(self.has_descale) else self.scale_log2
 
     @cute.jit
-    def row_max_of(self, acc_S_row: cute.TensorSSA, init_val) -> Float32:
-        """Quad-reduced row max; NaN-propagating in rowmax_h15 (its clamp would hide NaN scores)."""
-        return quad_row_max(acc_S_row, init_val, self.nan_rows, self.arch)
-
-    @cute.jit
-    def online_softmax(
+    def row_weights(
         self,
-        acc_S: cute.Tensor,
-        is_first: cutlass.Constexpr[bool] = False,
-        check_inf: cutlass.Constexpr[bool] = True,
-    ) -> cute.Tensor:
-        """Replace acc_S by the weights (exact) or lattice points (rowmax_h15), update the row stats, return
-        the factor to rescale O by. A fully masked row (max -inf) is anchored at 0, so its weights are 0."""
-        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        row_scale = cute.make_fragment_like(self.row_max, Float32)
-        row_max = self.row_max
-        row_sum = self.row_sum
-        scale_log2 = self.current_scale_log2()
+        acc_S_mn: cute.Tensor,
+        r,
+        row_max_safe: Float32,
+        row_scale: cute.Tensor,
+        scale_log2: Float32,
+        is_first: cutlass.Constexpr[bool],
+    ) -> None:
+        """Row r's weights (exact) or lattice points (rowmax_h15) in acc_S_mn (Sm90OnlineSoftmaxMixin), and its row
+        sum unless the MMA sums it."""
         n_cols = cute.size(acc_S_mn, mode=[1])
-        for r in cutlass.range(cute.size(row_max), unroll_full=True):
-            row_max_cur = self.row_max_of(acc_S_mn[r, None].load(), row_max[r] if const_expr(not is_first) else None)
-            row_max_safe = row_max_cur if row_max_cur != -Float32.inf else 0.0
-            if const_expr(is_first):
-                row_scale[r] = 1.0
+        row_sum = self.row_sum
+        if const_expr(self.mode == "rowmax_h15"):
+            if const_expr(self.folded):
+                addend = h15_anchor_addend(row_max_safe, scale_log2) + Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT)
             else:
-                row_max_old = row_max[r]
-                acc_scale_ = (row_max_old - row_max_safe) * scale_log2
+                addend = Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT) - row_max_safe * scale_log2
+            if const_expr(self.clamp == "sat"):
+                # Note [Clamp by saturation]: both operands / 16 (exact).
+                addend = addend * H15_SAT_SCALE
+                scale_log2_16 = scale_log2 * H15_SAT_SCALE
+            partial = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+            for c in cutlass.range_constexpr(n_cols):
                 if const_expr(self.folded):
-                    # a_old - a_new of the rounded anchors (Note [Folded H15 on FP8]).
-                    row_scale[r] = cute.math.exp2(
-                        h15_anchor_addend(row_max_safe, scale_log2) - h15_anchor_addend(row_max_old, scale_log2),
-                        fastmath=True,
-                    )
+                    lattice = h15_fp8_folded_lattice(acc_S_mn[r, c], scale_log2, addend)
+                elif const_expr(self.clamp == "sat"):
+                    lattice = h15_fp8_sat_lattice(acc_S_mn[r, c], scale_log2_16, addend)
                 else:
-                    row_scale[r] = cute.math.exp2(acc_scale_, fastmath=True)
-                if const_expr(self.rescale_threshold > 0.0):
-                    # Stale max within the threshold: keep it and skip the rescale.
-                    if acc_scale_ >= -self.rescale_threshold:
-                        row_max_cur = row_max_old
-                        row_max_safe = row_max_old
-                        row_scale[r] = 1.0
-            row_max[r] = row_max_cur
-            if const_expr(self.mode == "rowmax_h15"):
-                if const_expr(self.folded):
-                    addend = h15_anchor_addend(row_max_safe, scale_log2) + Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT)
+                    lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
+                acc_S_mn[r, c] = lattice
+                if const_expr(not self.row_sum_by_mma):
+                    partial[c % 4] = h15_fp8_sum_add(partial[c % 4], lattice)
+            if const_expr(not self.row_sum_by_mma):
+                tile_sum = add_keep_denormals(
+                    add_keep_denormals(partial[0], partial[1]), add_keep_denormals(partial[2], partial[3])
+                )
+                if const_expr(is_first):
+                    row_sum[r] = tile_sum
                 else:
-                    addend = Float32(FP8_MAX_OFFSET + H15_FP8_T_SHIFT) - row_max_safe * scale_log2
-                if const_expr(self.clamp == "sat"):
-                    # Note [Clamp by saturation]: both operands / 16 (exact).
-                    addend = addend * H15_SAT_SCALE
-                    scale_log2_16 = scale_log2 * H15_SAT_SCALE
-                partial = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
-                for c in cutlass.range_constexpr(n_cols):
-                    if const_expr(self.folded):
-                        lattice = h15_fp8_folded_lattice(acc_S_mn[r, c], scale_log2, addend)
-                    elif const_expr(self.clamp == "sat"):
-                        lattice = h15_fp8_sat_lattice(acc_S_mn[r, c], scale_log2_16, addend)
-                    else:
-                        lattice = h15_fp8_lattice(acc_S_mn[r, c], scale_log2, addend)
-                    acc_S_mn[r, c] = lattice
-                    if const_expr(not self.row_sum_by_mma):
-                        partial[c % 4] = h15_fp8_sum_add(partial[c % 4], lattice)
-                if const_expr(not self.row_sum_by_mma):
-                    tile_sum = add_keep_denormals(
-                        add_keep_denormals(partial[0], partial[1]), add_keep_denormals(partial[2], partial[3])
-                    )
-                    if const_expr(is_first):
-                        row_sum[r] = tile_sum
-                    else:
-                        row_sum[r] = add_keep_denormals(row_sum[r] * row_scale[r], tile_sum)
-            else:
-                bias = Float32(FP8_MAX_OFFSET) - row_max_safe * scale_log2
-                for c in cutlass.range_constexpr(n_cols):
-                    y = acc_S_mn[r, c] * scale_log2 + bias
-                    if const_expr(self.exp2_deleted):
-                        acc_S_mn[r, c] = y
-                    elif const_expr(self.off_mufu(c, n_cols)):
-                        acc_S_mn[r, c] = utils.ex2_emulation(y)  # Note [beta on the FP8 exact twin]
-                    else:
-                        acc_S_mn[r, c] = cute.math.exp2(y, fastmath=True)
-                if const_expr(not self.row_sum_by_mma):
-                    row_sum[r] = utils.fadd_reduce(
-                        acc_S_mn[r, None].load(),
-                        init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
-                        arch=self.arch,
-                    )
-        return row_scale
+                    row_sum[r] = add_keep_denormals(row_sum[r] * row_scale[r], tile_sum)
+        else:
+            bias = Float32(FP8_MAX_OFFSET) - row_max_safe * scale_log2
+            for c in cutlass.range_constexpr(n_cols):
+                y = acc_S_mn[r, c] * scale_log2 + bias
+                if const_expr(self.exp2_deleted):
+                    acc_S_mn[r, c] = y
+                elif const_expr(self.off_mufu(c, n_cols)):
+                    acc_S_mn[r, c] = utils.ex2_emulation(y)  # Note [beta on the FP8 exact twin]
+                else:
+                    acc_S_mn[r, c] = cute.math.exp2(y, fastmath=True)
+            if const_expr(not self.row_sum_by_mma):
+                row_sum[r] = utils.fadd_reduce(
+                    acc_S_mn[r, None].load(),
+                    init_val=row_sum[r] * row_scale[r] if const_expr(not is_first) else None,
+                    arch=self.arch,
+                )
 
     @cute.jit
     def write_p(self, acc_S: cute.Tensor, tOrP: cute.Tensor) -> None:
@@ -579,15 +522,4 @@ class Fp8Stage:
     pv_accumulation: str = "single"  # Note [Two-level P.V accumulation]; read by the kernel, not the softmax
 
     def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
-        return Fp8SoftmaxSm90.from_stock(
-            softmax,
-            mode=self.mode,
-            rescale_threshold=self.rescale_threshold,
-            beta=self.beta,
-            exp2_deleted=self.exp2_deleted,
-            has_descale=self.has_descale,
-            anchor_rounding=self.anchor_rounding,
-            row_sum_by_mma=self.row_sum == "mma",
-            rescale_vote=self.rescale_vote,
-            clamp=self.clamp,
-        )
+        return Fp8SoftmaxSm90.from_stock(softmax, self)
