@@ -1,11 +1,20 @@
-"""Shared test helpers: GPU tests (`@pytest.mark.gpu`) skip cleanly when CUDA is absent, and the strict-skip
-switch CI turns on.
+"""Shared test helpers: GPU tests (the `gpu` mark, Note [GPU tests]) skip cleanly when CUDA is absent, and the
+strict-skip switch CI turns on.
+
+Note [GPU tests]
+One mark gates every GPU test: `@pytest.mark.gpu`, and `@pytest.mark.gpu(arch="sm90")` for a test of one GPU
+architecture (`arch` is `sm` + the compute capability, e.g. "sm90" for the H100/H200, "sm100" for the B200). This
+conftest applies it. Without CUDA such a test skips with "needs a CUDA GPU (...)". On a GPU of another
+architecture (an SM90 test on a B200) it skips with "wrong GPU architecture: ...": a reason the strict rule does
+not accept, so a strict run there fails loudly instead of counting the Hopper tests as passed. A run on such a GPU
+that means to leave them out selects them out by name: `-m "not gpu(arch='sm90')"`.
 
 Note [Strict skips]
 With LOWPREC_STRICT_SKIPS=1 (set by .ci/run), a skipped test fails unless its reason starts with one of
 `ALLOWED_SKIP_PREFIXES`: "needs a CUDA GPU" (the GPU tests on a CPU machine) or "opt-in:" (the suites the
 README lists as opt-in, such as the full compile matrix). A missing package, an unpatched FA4 or a missing
-asset is then a red CI, not a quiet skip counted as a pass.
+asset is then a red CI, not a quiet skip counted as a pass. "needs a CUDA GPU" counts only where there is none:
+on a machine with CUDA such a skip (a test gated by hand on an architecture) fails the strict run too.
 """
 
 import os
@@ -31,13 +40,38 @@ ALLOWED_SKIP_PREFIXES = ("needs a CUDA GPU", "opt-in:")
 DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
 
 
+NO_GPU_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False)"
+WRONG_GPU_PREFIX = "wrong GPU architecture:"
+
+
+def gpu_arch() -> str | None:
+    """This machine's GPU as the `gpu` mark's `arch` names it ("sm90"), None without CUDA."""
+    return "sm{}{}".format(*torch.cuda.get_device_capability()) if HAS_CUDA else None
+
+
+def gpu_skip_reason(marks, arch: str | None) -> str | None:
+    """Why a test with these `gpu` marks does not run on a machine whose GPU is `arch` (None: no CUDA), or None
+    when it runs (Note [GPU tests])."""
+    marks = list(marks)
+    if not marks:
+        return None
+    if arch is None:
+        return NO_GPU_REASON
+    wanted = sorted({mark.kwargs["arch"] for mark in marks if "arch" in mark.kwargs})
+    if wanted and arch not in wanted:
+        return (
+            f"{WRONG_GPU_PREFIX} needs {' or '.join(wanted)}, this GPU is {arch}; select such tests out with "
+            f"-m \"not gpu(arch='{wanted[0]}')\" (Note [GPU tests] in tests/conftest.py)"
+        )
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    arch = gpu_arch()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+        reason = gpu_skip_reason(item.iter_markers("gpu"), arch)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def _skip_reason(report) -> str:
@@ -47,24 +81,32 @@ def _skip_reason(report) -> str:
     return str(longrepr)
 
 
+def strict_skip_allowed(reason: str, has_cuda: bool) -> bool:
+    """Whether Note [Strict skips] lets a skip for `reason` stand on a machine with (or without) CUDA."""
+    if reason.startswith("needs a CUDA GPU"):
+        return not has_cuda
+    return reason.startswith(ALLOWED_SKIP_PREFIXES)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if STRICT_SKIPS and report.skipped and not hasattr(report, "wasxfail"):
         reason = _skip_reason(report)
-        if not reason.startswith(ALLOWED_SKIP_PREFIXES):
+        if not strict_skip_allowed(reason, HAS_CUDA):
             report.outcome = "failed"
             report.longrepr = (
                 f"strict skips (LOWPREC_STRICT_SKIPS=1, Note [Strict skips] in tests/conftest.py): "
-                f"skipped for a reason that is neither a missing GPU nor an opt-in suite: {reason}"
+                f"skipped for a reason that is neither a missing GPU (on a machine without CUDA) nor an opt-in suite: "
+                f"{reason}"
             )
 
 
 def pytest_collectreport(report):
     if STRICT_SKIPS and report.skipped:
         reason = _skip_reason(report)
-        if not reason.startswith(ALLOWED_SKIP_PREFIXES):
+        if not strict_skip_allowed(reason, HAS_CUDA):
             report.outcome = "failed"
             report.longrepr = f"strict skips: module skipped at collection for a reason that is not allowed: {reason}"
 
