@@ -1,6 +1,6 @@
 """The SM90 FP8 forward (`fa4_rowmax.fp8_sm90`) on a Hopper GPU against the semantic reference; input checks on the CPU.
 
-GPU tests carry `pytest.mark.gpu` and skip without an SM90 GPU. Every kernel output is compared with
+GPU tests carry `pytest.mark.gpu(arch="sm90")` (Note [GPU tests] in conftest.py). Every kernel output is compared with
 `attention_reference` (FP8 inputs, max_offset 8, the kernel's tile_n and anchor) within per-row bounds derived
 in `fa4_rowmax.gates.tolerances.fp8_kernel_bounds` (Note [FP8 kernel vs reference bounds]), with fresh random
 inputs, output memory poisoned with NaN first, seqlens off the tile grid, GQA, causal with seqlen_q != seqlen_k
@@ -13,24 +13,12 @@ import math
 
 import pytest
 import torch
+from helpers_fp8 import poison_allocator, random_descales
 
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.gates.tolerances import EX2_EMULATION_REL_ERROR, fp8_kernel_bounds
 
 E4M3 = torch.float8_e4m3fn
-
-
-def _gpu_sm90():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")]
-
-
-def _poison_allocator(nbytes: int = 1 << 30) -> None:
-    """Fill freed caching-allocator blocks with NaN so an unwritten output element shows up as NaN."""
-    torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(math.nan)
-    torch.cuda.synchronize()
 
 
 def _inputs(seed, batch, sq, sk, hq, hk, d, q_std=1.0):
@@ -41,16 +29,11 @@ def _inputs(seed, batch, sq, sk, hq, hk, d, q_std=1.0):
     return q, k, v
 
 
-def _descales(seed, batch, hk):
-    gen = torch.Generator(device="cuda").manual_seed(seed + 1000)
-    return [torch.rand(batch, hk, device="cuda", generator=gen) + 0.5 for _ in range(3)]
-
-
 def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
     from fa4_rowmax.reference.attention import attention_reference
 
-    _poison_allocator()
+    poison_allocator()
     dq, dk, dv = descales if descales is not None else (None, None, None)
     out, lse = flash_attn_fp8_sm90(
         q, k, v, causal=causal, softmax_mode=mode, q_descale=dq, k_descale=dk, v_descale=dv, **levers
@@ -90,8 +73,7 @@ SHAPES = [  # batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_matches_reference(shape, causal, mode):
     q, k, v = _inputs(hash((shape, causal, mode)) % 2**31, *shape)
     _check_against_reference(q, k, v, causal, mode)
@@ -119,8 +101,7 @@ LEVERS = [
 
 @pytest.mark.parametrize("levers", LEVERS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
 @pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[4], (1, 300, 2048, 2, 2, 128)])  # 2048: MMA_ROW_SUM_MAX_KEYS
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_levers_match_reference(shape, levers):
     levers = dict(levers)
     mode = levers.pop("softmax_mode")
@@ -146,8 +127,7 @@ def test_levers_match_reference(shape, levers):
 @pytest.mark.parametrize("beta", [0.25, 0.5, 1.0])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[5]])
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_exact_beta_matches_reference(shape, causal, beta):
     """Note [beta on the FP8 exact twin]: the emulated share changes exact's values only within the bounds, whose
     delta carries the emulation's error (Note [FP8 kernel vs reference bounds]); off-grid seqlens, rows with no
@@ -156,8 +136,7 @@ def test_exact_beta_matches_reference(shape, causal, beta):
     _check_against_reference(q, k, v, causal, "exact", beta=beta, **(dict(tile_n=192) if beta == 0.25 else {}))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("row_sum", ["fadd", "mma"])
 def test_clamp_by_saturation_is_bit_identical(row_sum):
     """Note [Clamp by saturation]: clamp="sat" gives rowmax_h15's out and LSE bit for bit."""
@@ -174,14 +153,13 @@ def test_clamp_by_saturation_is_bit_identical(row_sum):
         )
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 @pytest.mark.parametrize("heads_q", [8, 14])  # packed GQA 4, unpacked GQA 7 (the K/V head of each Q head)
 def test_descales_match_reference(mode, heads_q):
     shape = (2, 1000, 1000, heads_q, 2, 128)
     q, k, v = _inputs(11, *shape)
-    _check_against_reference(q, k, v, True, mode, descales=_descales(11, 2, 2))
+    _check_against_reference(q, k, v, True, mode, descales=random_descales(11, 2, 2))
 
 
 def _one_hot_problem(seed, rows=256, head_dim=128, values=(-2.0, -1.0, 0.0, 1.0, 2.0)):
@@ -194,8 +172,7 @@ def _one_hot_problem(seed, rows=256, head_dim=128, values=(-2.0, -1.0, 0.0, 1.0,
     return q, k, v
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize(
     "mode,levers",
     [
@@ -265,8 +242,7 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
     assert ((lse[0, 0].double() - lse_expected).abs() <= tolerance).all()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize(
     "mode,levers",
     [("exact", {}), ("rowmax_h15", {}), ("exact", dict(beta=0.5)), ("exact", dict(beta=1.0))],
@@ -303,8 +279,7 @@ def test_nan_inf_rows(mode, levers, where):
         assert not torch.isnan(out[0, :, 1]).any() and not torch.isnan(out[0, :, 0, :3]).any()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("row_sum_rows", [0, 8])
 def test_v_transpose_prepass(row_sum_rows):
     from fa4_rowmax.stage.v_transpose import v_transpose, v_transpose_reference
@@ -314,7 +289,7 @@ def test_v_transpose_prepass(row_sum_rows):
     assert descale is None and vt.stride(1) == 1
     expected = v_transpose_reference(v, row_sum_rows)
     assert torch.equal(vt.permute(0, 2, 3, 1).view(torch.uint8), expected.view(torch.uint8))
-    dq, dk, dv = _descales(0, 2, 3)
+    dq, dk, dv = random_descales(0, 2, 3)
     _, descale = v_transpose(v, dq, None, dv)
     assert torch.equal(descale[..., 0], dq) and torch.equal(descale[..., 1], dv)
 
@@ -497,8 +472,7 @@ def test_fa4_routing_entry_maps_the_stage():
 # --- FA4's public calls route SM90 FP8 to this forward (patch 0001) ------------------------------------------------
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 def test_flash_attn_func_routes_fp8_on_sm90(mode):
     """Code written for FA4 FP8 on a B200 runs unchanged on an H200: flash_attn_func with e4m3 q/k/v gives

@@ -4,8 +4,8 @@ varlen V^T pre-pass, compiles and the FA4 lines the kernel seam relies on on the
 The pre-pass (Note [Varlen V^T], stage/v_transpose.py) runs under Triton's interpreter here and on the GPU, bit
 for bit against `v_transpose_varlen_reference`; its Triton source also compiles for sm_90. The kernel compiles
 in FakeTensorMode through FA4's `flash_attn_varlen_func` (patch 0001's route) against a private patched FA4,
-and fails to compile when the V^T seam is cut (Note [V^T at FA4's padded offsets]). GPU tests (`gpu`, skip
-without SM90) compare every sequence with `attention_reference` (cu_seqlens, FP8 inputs, max_offset 8, the
+and fails to compile when the V^T seam is cut (Note [V^T at FA4's padded offsets]). GPU tests (`gpu(arch="sm90")`,
+Note [GPU tests]) compare every sequence with `attention_reference` (cu_seqlens, FP8 inputs, max_offset 8, the
 kernel's tile_n) within `fp8_kernel_bounds` (Note [FP8 kernel vs reference bounds]), with output memory
 poisoned with NaN first, lengths 0, 1 and off the tile grid, causal with seqlen_q != seqlen_k per sequence
 (rows and whole tiles with no key), GQA, descales; varlen equals the batched kernel bit for bit on equal
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fp8_sm90_gpu import _descales, _gpu_sm90, _poison_allocator
+from helpers_fp8 import poison_allocator, random_descales
 
 from fa4_rowmax import patching
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
@@ -395,8 +395,7 @@ def _case_id(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_varlen_matches_reference(case):
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 
@@ -404,9 +403,9 @@ def test_varlen_matches_reference(case):
     q, k, v, cu_q, cu_k = _varlen_inputs(
         zlib.crc32(_case_id(case).encode()), LENGTHS_Q, LENGTHS_K, heads_q, heads_kv, head_dim
     )
-    descales = _descales(3, len(LENGTHS_Q), heads_kv) if with_descales else None
+    descales = random_descales(3, len(LENGTHS_Q), heads_kv) if with_descales else None
     dq, dk, dv = descales if descales is not None else (None, None, None)
-    _poison_allocator()
+    poison_allocator()
     out, lse = flash_attn_fp8_sm90(
         q, k, v, causal=causal, softmax_mode=mode, q_descale=dq, k_descale=dk, v_descale=dv,
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **levers,
@@ -414,8 +413,7 @@ def test_varlen_matches_reference(case):
     _check_sequences(out, lse, q, k, v, cu_q, cu_k, causal, mode, descales, levers)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_seqused_matches_reference_on_the_used_rows_and_keys():
     """seqused_q / seqused_k below the sequences' lengths: the used rows equal the varlen problem cut to the used
     rows and keys (rows past seqused_q are not written, as in FA4, so they are not compared)."""
@@ -425,7 +423,7 @@ def test_seqused_matches_reference_on_the_used_rows_and_keys():
     used_q, used_k = (37, 1, 300, 0), (150, 0, 128, 7)
     q, k, v, cu_q, cu_k = _varlen_inputs(17, lengths_q, lengths_k, 8, 2, 128)
     seqused_q, seqused_k = (torch.tensor(u, dtype=torch.int32, device="cuda") for u in (used_q, used_k))
-    _poison_allocator()
+    poison_allocator()
     out, lse = flash_attn_fp8_sm90(
         q, k, v, causal=True, softmax_mode="rowmax_h15", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_q=seqused_q,
         seqused_k=seqused_k,
@@ -442,8 +440,7 @@ EQUAL_LEVERS = [dict(softmax_mode="exact"), dict(softmax_mode="rowmax_h15", tile
 
 
 @pytest.mark.parametrize("levers", EQUAL_LEVERS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_varlen_equals_the_batched_kernel_bit_for_bit(levers):
     """Equal lengths: packing the batch changes which memory the tiles past a sequence's end read (the next
     sequence's Q and K, V^T's zeros) but no value, so out and LSE equal the dense call's bit for bit."""
@@ -452,7 +449,7 @@ def test_varlen_equals_the_batched_kernel_bit_for_bit(levers):
     levers = dict(levers)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = 3, 300, 600, 8, 2  # 1,800 keys: the MMA row sum takes them
     q, k, v, cu_q, cu_k = _varlen_inputs(5, (seqlen_q,) * batch, (seqlen_k,) * batch, heads_q, heads_kv, 128)
-    dq, dk, dv = _descales(5, batch, heads_kv) if levers.pop("descales", False) else (None, None, None)
+    dq, dk, dv = random_descales(5, batch, heads_kv) if levers.pop("descales", False) else (None, None, None)
     common = dict(causal=True, q_descale=dq, k_descale=dk, v_descale=dv, **levers)
     out, lse = flash_attn_fp8_sm90(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **common)
     dense_out, dense_lse = flash_attn_fp8_sm90(
@@ -462,8 +459,7 @@ def test_varlen_equals_the_batched_kernel_bit_for_bit(levers):
     assert torch.equal(lse.view(torch.int32), dense_lse.transpose(0, 1).reshape(lse.shape).view(torch.int32))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_a_nan_in_one_sequences_v_stays_in_that_sequence():
     """Note [Varlen V^T]: a sequence's KV tiles read only its own V^T range, so a NaN in sequence 1's V (which
     reaches every row of sequence 1 whose tiles hold it, 0 * NaN in the PV MMA) leaves the others finite. No
@@ -478,8 +474,7 @@ def test_a_nan_in_one_sequences_v_stays_in_that_sequence():
     assert not torch.isnan(out[:130]).any() and not torch.isnan(out[200:]).any()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("row_sum_rows", [0, 8])
 def test_varlen_prepass_on_the_gpu(row_sum_rows):
     from fa4_rowmax.stage.v_transpose import v_transpose_varlen, v_transpose_varlen_reference
@@ -487,15 +482,14 @@ def test_varlen_prepass_on_the_gpu(row_sum_rows):
     lengths = (0, 1, 17, 192, 0, 1000, 3)
     cu = _cu(lengths, "cuda")
     v = torch.randn(sum(lengths), 3, 128, device="cuda").to(E4M3)
-    dq, dk, dv = _descales(0, len(lengths), 3)
+    dq, dk, dv = random_descales(0, len(lengths), 3)
     vt, descale = v_transpose_varlen(v, cu, 192, dq, dk, dv, row_sum_rows=row_sum_rows)
     expected = v_transpose_varlen_reference(v, cu, 192, row_sum_rows)
     assert vt.stride(0) == 1 and torch.equal(vt.permute(1, 2, 0).view(torch.uint8), expected.view(torch.uint8))
     assert torch.equal(descale[..., 0], dq * dk) and torch.equal(descale[..., 1], dv)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_validate_false_is_sync_free():
     """Note [Varlen host checks]: validate=False reads nothing back (torch's sync debug mode turns a sync into an
     error), validate=True reads the offsets once."""
@@ -517,8 +511,7 @@ def test_validate_false_is_sync_free():
 # --- FA4's public varlen call routes SM90 FP8 to this forward (patch 0001) ------------------------------------
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 def test_flash_attn_varlen_func_routes_fp8_on_sm90(mode):
     """Code written for FA4 FP8 varlen on a B200 runs unchanged on an H200: flash_attn_varlen_func with e4m3
@@ -541,8 +534,7 @@ def test_flash_attn_varlen_func_routes_fp8_on_sm90(mode):
         flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, window_size=(64, 0))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_bf16_varlen_is_not_routed(monkeypatch):
     """Only e4m3 inputs take the route: a BF16 varlen call runs FA4's own kernel (the FP8 entry, made to raise
     here, is never reached), each sequence within FA4's derived bounds of the exact reference
