@@ -37,6 +37,7 @@ The modules, each one concern:
     workload.py   the model and the tokens a study scores: from the GGUF, or from an export
     models.py     the models: where each GGUF lives, how it loads, what it must look like
     assets.py     the opt-in Qwen GGUFs and the Austen text: fetched, joined, pinned by size and SHA-256
+                  (`python -m bench.quality.assets`, which scripts/fetch_quality_models.sh runs)
     text.py       the texts and the token blocks cut from them
     rserialize.py a reader of R's serialization (the Austen novels' package)
     stats.py      scoring one block; per-block statistics and bootstrap intervals

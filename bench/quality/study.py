@@ -1,8 +1,9 @@
 """The scored study: the modes, the plan of runs, every run scored on every block, a cut run resumed.
 
 `run_study` scores the baseline (exact softmax, transformers' `sdpa` in float32) and every `Run` on the same
-blocks, so every per-block difference is paired (Note [What is reported] in stats.py); blocks are scored in
-one seeded order (BLOCK_ORDER_SEED), which is what lets a later session resume a cut run.
+blocks, so every per-block difference is paired (Note [What is reported] in stats.py). The caller hands it
+the blocks in one seeded order (BLOCK_ORDER_SEED; cli.py), which is what lets a later session resume a cut
+run.
 """
 
 from __future__ import annotations
