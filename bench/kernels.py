@@ -179,6 +179,35 @@ FP8_LEVERS = {
         for beta in FP8_EXACT_BETAS
     },
 }
+# Candidates for the FP8 forward's tuned defaults (issue 22 item 3: the fastest configuration that passes every
+# accuracy check), all two-level: the clamp by saturation and the MMA row sum (the levers that free registers), at
+# KV tile 128 with FA4's intra-warpgroup overlap (the largest tile whose registers fit beside the second accumulator
+# at head dim 128) and at 192 / 224 without it (Note [Two-level P.V accumulation]).
+FP8_CANDIDATES = {
+    "fa4_fp8_h15_sat_mma": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma"},
+    **{
+        f"fa4_fp8_h15_sat_mma_n{n}_nooverlap": {
+            "softmax_mode": "rowmax_h15",
+            "clamp": "sat",
+            "row_sum": "mma",
+            "tile_n": n,
+            "intra_wg_overlap": False,
+        }
+        for n in (192, 224)
+    },
+    "fa4_fp8_h15_sat_mma_n192": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma", "tile_n": 192},
+    "fa4_fp8_exact_mma": {"softmax_mode": "exact", "row_sum": "mma"},
+    **{
+        f"fa4_fp8_exact_mma_n{n}_nooverlap": {
+            "softmax_mode": "exact",
+            "row_sum": "mma",
+            "tile_n": n,
+            "intra_wg_overlap": False,
+        }
+        for n in (192, 224)
+    },
+    "fa4_fp8_exact_mma_n192": {"softmax_mode": "exact", "row_sum": "mma", "tile_n": 192},
+}
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
 GEMM_CEILING_N = 8192
@@ -861,6 +890,7 @@ def _fp8_specs() -> list[KernelSpec]:
         for n in FP8_TILE_NS
     ]
     variants += list(FP8_LEVERS.items())
+    variants += list(FP8_CANDIDATES.items())
     variants += [
         (fp8_accumulation_name(mode, accumulation), {"softmax_mode": mode, "pv_accumulation": accumulation})
         for mode in ("exact", "rowmax_h15")
@@ -886,6 +916,10 @@ def _fp8_specs() -> list[KernelSpec]:
         (
             "fa4_fp8_exact_noexp_two_level",
             {"softmax_mode": "exact", "exp2_deleted": True, "pv_accumulation": "two_level"},
+        ),
+        (
+            "fa4_fp8_exact_noexp_mma_n224_nooverlap",
+            {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 224, "intra_wg_overlap": False},
         ),
     ):
         # wrong values by design: the no-MUFU ceiling of the skeleton
@@ -929,6 +963,8 @@ FP8_KERNELS = (
     *FP8_FUNC_VARIANTS,
     *(fp8_accumulation_name(m, a) for m in ("exact", "rowmax_h15") for a in FP8_PV_ACCUMULATIONS),
     "fa4_fp8_exact_noexp_two_level",
+    *FP8_CANDIDATES,
+    "fa4_fp8_exact_noexp_mma_n224_nooverlap",
     "fa4_stock_bf16",
     "fa3_bf16",
 )

@@ -116,6 +116,10 @@ STAGE_KNOBS = {
     "exp2_deleted": Knob((False, True), False, ("sm90_fp8",)),
     "tile_n": Knob(FP8_TILE_NS, 128, ("sm90_fp8",)),
     "pv_accumulation": Knob(PV_ACCUMULATIONS, "two_level", ("sm90_fp8",)),
+    # FA4's intra-warpgroup overlap (the next tile's S while this tile's P V runs); off, each warpgroup's S, softmax
+    # and P V follow each other and only the other warpgroup's GEMMs overlap them (Note [Two-level P.V
+    # accumulation]: fewer live registers, so larger tiles fit).
+    "intra_wg_overlap": Knob((True, False), True, ("sm90_fp8",)),
 }
 
 

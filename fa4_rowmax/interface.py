@@ -157,6 +157,7 @@ class SoftmaxStage:
     exp2_deleted: bool = STAGE_KNOBS["exp2_deleted"].default
     tile_n: int = STAGE_KNOBS["tile_n"].default
     pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
+    intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None

@@ -94,6 +94,9 @@ LEVERS = [
         pv_accumulation="single",
     ),
     dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", pv_accumulation="single"),
+    dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False),
+    dict(softmax_mode="exact", row_sum="mma", tile_n=192, intra_wg_overlap=False),
+    dict(softmax_mode="exact", tile_n=224, intra_wg_overlap=False, pv_accumulation="single"),
     dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
     dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 ]

@@ -29,10 +29,6 @@ KEYS = (2048, 8192, 32768, 131072)
 CONTRACT_RATIO = 1.25
 
 
-def _gpu_sm90():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
 @functools.lru_cache(maxsize=len(KEYS))
 def _problem(keys: int, v_mean: float):
     gen = torch.Generator(device="cuda").manual_seed(keys * 7 + int(v_mean * 100))
@@ -72,21 +68,25 @@ def _relative_error(keys: int, v_mean: float, causal: bool, **levers) -> float:
     return float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref))
 
 
+# FA4's overlapped step at tile 128, and the step without intra-warpgroup overlap at the largest tile.
+STRUCTURES = {"overlap_n128": {}, "nooverlap_n224": dict(tile_n=224, intra_wg_overlap=False)}
+
+
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
 @pytest.mark.parametrize("row_sum", ["fadd", "mma"])
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("v_mean", [0.0, 0.25, 1.0])
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
-def test_two_level_error_is_flat_in_the_key_count(v_mean, causal, mode, row_sum):
-    errors = {keys: _relative_error(keys, v_mean, causal, softmax_mode=mode, row_sum=row_sum) for keys in KEYS}
-    print(f"two-level {mode} row_sum={row_sum} causal={causal} v_mean={v_mean}:", errors)
+@pytest.mark.gpu(arch="sm90")
+def test_two_level_error_is_flat_in_the_key_count(v_mean, causal, mode, row_sum, structure):
+    levers = dict(softmax_mode=mode, row_sum=row_sum, **STRUCTURES[structure])
+    errors = {keys: _relative_error(keys, v_mean, causal, **levers) for keys in KEYS}
+    print(f"two-level {levers} causal={causal} v_mean={v_mean}:", errors)
     assert errors[KEYS[-1]] <= CONTRACT_RATIO * errors[KEYS[0]], errors
 
 
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_single_level_breaks_the_contract(mode):
     """The control: with O as the FP8 accumulator the same check fails by 32K keys (V mean 1, diffuse rows)."""
     errors = {keys: _relative_error(keys, 1.0, False, softmax_mode=mode, pv_accumulation="single") for keys in KEYS[:3]}

@@ -138,7 +138,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             num_stages=num_stages,
             num_threads=128 * (tile_m // 64 + 1),
             Q_in_regs=False,
-            intra_wg_overlap=True,
+            intra_wg_overlap=stage.intra_wg_overlap,
             mma_pv_is_rs=True,
         )
         self.operand_dtype = OPERAND_DTYPE
@@ -196,8 +196,9 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # row-sum columns of Note [Row sum by the MMA] do not need it. Single-level accumulation rescales after
         # the GEMM; two-level keeps O one tile behind with FA4's bookkeeping of that mode (the pending factor in
         # `scores_scale`, O zeroed by the first block: Note [Two-level P.V accumulation] in softmax_sm90_fp8.py).
-        # Set here, after FA4's __call__ chose it and before mma() reads it.
-        self.rescale_O_before_gemm = self.two_level
+        # Without intra-warpgroup overlap two-level promotes at once (`mma_one_n_block`). Set here, after FA4's
+        # __call__ chose it and before mma() reads it.
+        self.rescale_O_before_gemm = self.two_level and self.intra_wg_overlap
         # Note [V^T in shared memory]: V's K-major layout, set before FA4 builds the storage and V's TMA atom.
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
@@ -399,4 +400,56 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             scores_scale.store(row_scale.load())
         else:
             softmax.rescale_O(acc_O, row_scale)
+        return smem_pipe_read
+
+    @cute.jit
+    def mma_one_n_block(
+        self,
+        smem_pipe_read,
+        n_block: Int32,
+        mma_qk_fn: Callable,
+        mma_pv_fn: Callable,
+        pipeline_k,
+        pipeline_v,
+        acc_O: cute.Tensor,
+        tOrP: cute.Tensor,
+        smem_copy_params: SimpleNamespace,
+        softmax: Fp8SoftmaxSm90,
+        seqlen: SeqlenInfoQK,
+        scores_scale: Optional[cute.Tensor] = None,
+        score_mod_fn: Optional[Callable] = None,
+        mask_fn: Optional[Callable] = None,
+        is_first_n_block: cutlass.Constexpr = False,
+        check_inf: cutlass.Constexpr = True,
+    ):
+        """FA4's step without intra-warpgroup overlap (S, softmax, then this block's P V; the other warpgroup's GEMMs
+        run meanwhile), with the e4m3 P operand and the first block's descales. Two-level: P V into a fresh
+        accumulator promoted at once, O = O * row_scale + acc (no factor waits a tile: Note [Two-level P.V
+        accumulation]), so S and the fresh accumulator are never live together."""
+        if const_expr(is_first_n_block and softmax.has_descale):
+            self.load_tile_descale(softmax, mask_fn)
+        pipeline_k.consumer_wait(smem_pipe_read, pipeline_k.consumer_try_wait(smem_pipe_read))
+        acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
+        self.warp_scheduler_barrier_arrive()
+        warpgroup.wait_group(0)
+        pipeline_k.consumer_release(smem_pipe_read)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S=acc_S, n_block=n_block)
+        row_scale = softmax.online_softmax(acc_S, is_first=is_first_n_block, check_inf=check_inf)
+        softmax.write_p(acc_S, tOrP)
+        if const_expr(not self.two_level):
+            softmax.rescale_O(acc_O, row_scale)
+        pipeline_v.consumer_wait(smem_pipe_read, pipeline_v.consumer_try_wait(smem_pipe_read))
+        self.warp_scheduler_barrier_sync()
+        if const_expr(self.two_level):
+            acc_PV = pv_gemm_fresh(mma_pv_fn, B_idx=smem_pipe_read.index, wg_wait=0)
+            if const_expr(is_first_n_block):
+                acc_O.fill(0.0)
+            softmax.promote_O(acc_O, acc_PV, row_scale)
+        else:
+            mma_pv_fn(B_idx=smem_pipe_read.index, wg_wait=0)
+        pipeline_v.consumer_release(smem_pipe_read)
+        smem_pipe_read.advance()
+        if const_expr(softmax.row_sum_by_mma):
+            softmax.row_sum_from_acc_O(acc_O)
         return smem_pipe_read
