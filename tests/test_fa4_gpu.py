@@ -14,8 +14,6 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def fa4():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     if torch.cuda.get_device_capability()[0] not in (9, 10, 11):
         pytest.skip("FA4's softmax stage runs on SM90 and SM100-family GPUs")
     from fa4_rowmax.interface import is_fa4_patched
@@ -131,13 +129,13 @@ def test_single_tile_gate(fa4):
 
 @pytest.fixture(scope="module")
 def rowmax_attn(fa4):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("anchor_rounding / rescale_vote are SM90 levers")
+    """The SM90 levers' entry; the tests that take it carry gpu(arch="sm90") (Note [GPU tests])."""
     from fa4_rowmax.interface import rowmax_attn_func
 
     return rowmax_attn_func
 
 
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("threshold", [0.0, 8.0])
 @pytest.mark.parametrize("vote", [False, True])
 @pytest.mark.parametrize(
@@ -161,6 +159,7 @@ def test_folded_h15_matches_the_half_octave_reference(rowmax_attn, shape, causal
     _assert_matches_reference(q, k, v, causal, config, out, lse)
 
 
+@pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("mode, anchor", [("rowmax_h15", "exact"), ("rowmax_h15", "half_octave"), ("exact", "exact")])
 @pytest.mark.parametrize("threshold", [0.0, 8.0])
 def test_rescale_vote_changes_instructions_not_values(rowmax_attn, mode, anchor, threshold):
@@ -172,6 +171,7 @@ def test_rescale_vote_changes_instructions_not_values(rowmax_attn, mode, anchor,
     assert torch.equal(voted[0], base[0]) and torch.equal(voted[1], base[1])
 
 
+@pytest.mark.gpu(arch="sm90")
 def test_exact_vote_without_threshold_equals_stock(rowmax_attn, fa4):
     q, k, v = _inputs(5, 1, 1000, 1000, 4, 4)
     with torch.no_grad():
@@ -181,6 +181,7 @@ def test_exact_vote_without_threshold_equals_stock(rowmax_attn, fa4):
     assert torch.equal(voted[0], stock[0]) and torch.equal(voted[1], stock[1])
 
 
+@pytest.mark.gpu(arch="sm90")
 def test_lever_arguments_are_validated(rowmax_attn):
     q, k, v = _inputs(6, 1, 128, 128, 1, 1)
     with pytest.raises(ValueError, match="anchor_rounding"):

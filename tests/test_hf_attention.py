@@ -201,21 +201,14 @@ def test_bad_input_is_rejected():
         function(module, q, kv, kv, None, softcap=30.0)
 
 
-def _is_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
     "mode",
     [
         "exact_bf16p",
         "rowmax_h15_t8",
         "fused_mxfp8",
-        pytest.param(
-            "rowmax_h15_fold_t8", marks=pytest.mark.skipif(not _is_sm90(), reason="the fold is an SM90 lever")
-        ),
+        pytest.param("rowmax_h15_fold_t8", marks=pytest.mark.gpu(arch="sm90")),  # the fold is an SM90 lever
     ],
 )
 def test_kernel_matches_reference_in_a_model(mode):

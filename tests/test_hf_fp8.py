@@ -132,13 +132,7 @@ def test_fp8_modes_reach_the_model():
         assert not torch.equal(got, exact) and torch.isfinite(got).all(), mode
 
 
-def _sm90_fp8_kernel_runs() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(not _sm90_fp8_kernel_runs(), reason="needs a CUDA GPU with SM90 (the FP8 kernel is an SM90 kernel)")
+@pytest.mark.gpu(arch="sm90")  # the FP8 kernel is an SM90 kernel
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_kernel_matches_its_simulator_in_a_model(mode):
     # Same e4m3 bytes on both sides (the simulator gets the BF16-rounded inputs the kernel casts); what remains is
