@@ -51,7 +51,6 @@ from bench.timing import median, per_round_speedups, rotation_count, round_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def run_cli(*args, timeout=120):
@@ -538,7 +537,6 @@ def test_resume_keeps_finished_groups_and_refuses_other_settings():
 
 
 @gpu
-@needs_cuda
 def test_interleaved_timing_ranks_a_4x_larger_matmul_slower():
     from bench.timing import time_interleaved
 
@@ -552,7 +550,6 @@ def test_interleaved_timing_ranks_a_4x_larger_matmul_slower():
 
 
 @gpu
-@needs_cuda
 def test_quick_run_writes_results(tmp_path):
     proc = run_cli(
         "--quick",
@@ -756,11 +753,8 @@ def test_fp8_tolerances_follow_the_derivation_and_stay_below_garbage():
     assert ACCUMULATOR_REL_ERROR == pytest.approx(0.0417, abs=1e-4)
 
 
-@gpu
-@needs_cuda
+@pytest.mark.gpu(arch="sm90")  # the FP8 peers and the FP8 SM90 kernel are Hopper kernels
 def test_fp8_run_times_the_peers_with_ratios(tmp_path):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the FP8 peers and the FP8 SM90 kernel are Hopper kernels")
     proc = run_cli(
         "--fp8",
         "--seqlens",
