@@ -202,12 +202,7 @@ def _run_gates_on_cpu(run_gates, backend, reference, *, dtype, device, seeds):
 # --- the SM90 FP8 kernel (GPU) ---------------------------------------------------------------------
 
 
-def _sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 def test_fp8_kernel_h15_passes_and_exact_is_the_control():
     from fa4_rowmax.fp8_sm90 import fp8_backend
 
