@@ -41,7 +41,6 @@ from bench.kernels import (
 from bench.report import read_json, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-gpu = pytest.mark.gpu
 
 
 def brute_force_attention(q, k, v, causal):
@@ -334,10 +333,8 @@ def test_vllm_binder_packs_views_and_builds_the_call():
 # ---- on a Hopper GPU ------------------------------------------------------------------------------------------
 
 
-@gpu
+@pytest.mark.gpu(arch="sm90")  # the FP8 peers and the FP8 SM90 kernel are Hopper kernels
 def test_accuracy_study_runs_on_hopper(tmp_path):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the FP8 peers and the FP8 SM90 kernel are Hopper kernels")
     proc = subprocess.run(
         [
             sys.executable,
