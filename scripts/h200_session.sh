@@ -4,7 +4,7 @@
 #   bash scripts/h200_session.sh benchlong OUT    # the same kernels at 2K/4K/32K (cut at 4 minutes; --resume continues)
 #   bash scripts/h200_session.sh fp8tests OUT     # every FP8 GPU test (SM90 FP8 forward, varlen, gates, hf)
 #   bash scripts/h200_session.sh tests OUT        # the FA4 BF16 and hf GPU tests, the gates job
-#   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick, the H200 launch tuning
+#   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
 #   bash scripts/h200_session.sh qualityfp8 OUT   # SmolLM2-135M: the FP8 modes through the kernel and the simulator
 #   bash scripts/h200_session.sh qwen05 OUT       # Qwen2.5-0.5B on Austen, 97 blocks, every kernel mode (issue 12)
 #   bash scripts/h200_session.sh qwen15k OUT      # Qwen2.5-1.5B, 97 blocks, every kernel mode, kernels only
