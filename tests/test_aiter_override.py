@@ -166,6 +166,24 @@ def test_flash_attn_varlen_func_reaches_fused_kernel_and_fills_out(aiter, kernel
     _assert_equal(lse, expected_lse)
 
 
+def test_a_strided_out_buffer_is_filled_with_the_values(aiter, kernel, aiter_ops):
+    """A caller's `out` in any layout (here every other element of a wider buffer, and a transposed copy) gets
+    the values; the kernel writes its own contiguous out and the hook copies it in (Note [Operand layouts] in
+    aiter_fused/attention.py)."""
+    seqlens_q, seqlens_k = [5, 12], [9, 12]
+    q, k, v, cu_q, cu_k = _varlen_qkv(seqlens_q, seqlens_k, heads_q=4, heads_k=2, head_dim=128)
+    expected_out, _ = fused_softmax_attention_reference_varlen(q, k, v, cu_q, cu_k, causal=True)
+    gapped = torch.full((q.shape[0], 4, 256), float("nan"), dtype=BF16)[..., ::2]
+    transposed = torch.full((q.shape[0], 128, 4), float("nan"), dtype=BF16).transpose(1, 2)
+    override.install()
+    for out_buffer in (gapped, transposed):
+        result, _ = aiter.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True, return_lse=True, out=out_buffer
+        )
+        assert result.data_ptr() == out_buffer.data_ptr()
+        _assert_equal(out_buffer, expected_out.to(BF16))
+
+
 def _dense_unsupported_cases():
     q, k, v = _qkv(1, 40, 40, heads_q=2, heads_k=2, head_dim=128)
     return {
