@@ -289,3 +289,62 @@ def test_empty_inputs_return_fa4s_empty_result(shape, empty, mode, dtype, causal
     assert out.shape == q.shape and lse.shape == (batch, heads_q, seqlen_q) and lse.dtype == torch.float32
     assert out.dtype == (torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype)
     assert bool((out == 0).all()) and bool((lse == -math.inf).all())
+
+
+def _full_softmax_fp64(q, k, v, causal, scale):
+    """Attention from the whole score matrix in float64: logsumexp and softmax, no tiles (the independent oracle)."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (x.double().repeat_interleave(group, dim=2) for x in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k) * scale
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if causal:
+        row, key = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
+        s = s.masked_fill(key > row + seqlen_k - seqlen_q, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+@examples(25)
+@given(
+    shape=attention_shapes(max_seqlen=80, head_dims=(64, 128)),
+    seed=seeds,
+    q_scale=st.sampled_from((0.1, 1.0, 4.0, 30.0)),
+    causal=st.booleans(),
+    tile_n=st.sampled_from((16, 32, 128)),
+)
+def test_exact_float64_is_full_softmax_within_its_rounding_bound(shape, seed, q_scale, causal, tile_n):
+    """Exact mode in float64 (P in float64) against the whole-matrix softmax, within a bound derived from the
+    roundings both make (unit roundoff u = 2^-53, gamma_n = n u / (1 - n u)):
+    - each score q.k: gamma_d * A_ij in each computation, A_ij = sum_t |q_it k_jt|; so the weights' exponents
+      differ by at most eta_ij = scale * 2 gamma_d A_ij, plus the roundings of y = s scale_log2 + (max_offset - m
+      scale_log2) and of exp2 (4 u (|s scale| + |m scale| + max_offset + 1), in natural-log units);
+    - weights perturbed by relative factors within exp(+-eta) move out by at most 2 (e^eta - 1) max|v| and the LSE
+      by eta;
+    - P @ V and the row sum each add gamma_L (L keys), every tile's rescale and the final division one u each."""
+    q, k, v = dense_inputs(shape, seed, torch.float64, scale=q_scale)
+    head_dim, seqlen_k = shape["head_dim"], shape["seqlen_k"]
+    scale = head_dim**-0.5
+    config = SoftmaxConfig(mode="exact", tile_n=tile_n, p_dtype=torch.float64)
+    out, lse = attention_reference(q, k, v, config, causal=causal, compute_dtype=torch.float64)
+    want_out, want_lse = _full_softmax_fp64(q, k, v, causal, scale)
+
+    u = 2.0**-53
+    gamma = lambda n: n * u / (1 - n * u)  # noqa: E731
+    group = shape["group"]
+    k_rep = k.repeat_interleave(group, dim=2)
+    magnitude = torch.einsum("bqhd,bkhd->bhqk", q.abs(), k_rep.abs())  # A_ij
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k_rep).abs() * scale
+    row_max = s.amax(-1, keepdim=True)
+    eta = (scale * 2 * gamma(head_dim) * magnitude + 4 * u * (s + row_max + config.max_offset + 1)).amax(-1)
+    n_tiles = -(-seqlen_k // tile_n)
+    accumulate = 2 * gamma(seqlen_k) + (n_tiles + 2) * u
+    largest_v = v.abs().amax(dim=(1, 3)).repeat_interleave(group, dim=1)[:, None, :, None]  # per (batch, head)
+    out_bound = (2 * torch.expm1(eta).transpose(1, 2)[..., None] + accumulate) * largest_v
+    lse_bound = eta + accumulate + 4 * u * want_lse.abs().nan_to_num(posinf=0, neginf=0)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert bool(((out.double() - want_out).abs() <= out_bound).all())
+    # The LSE is returned in float32: half an ulp of |lse| more.
+    lse_bound = lse_bound + 2.0**-24 * want_lse.abs().nan_to_num(posinf=0, neginf=0)
+    assert bool(((lse.double() - want_lse).abs()[finite] <= lse_bound[finite]).all())
