@@ -25,6 +25,7 @@ On a CPU tensor the kernel runs only under Triton's interpreter (``TRITON_INTERP
 
 import dataclasses
 import math
+import numbers
 import os
 from typing import Optional
 
@@ -95,11 +96,11 @@ def _check_flag(name: str, value) -> None:
 
 
 def _check_extent(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= 0; got {value!r} ({type(value).__name__})")
     if value < 0:
         raise ValueError(f"{name} must be an int >= 0; got {value}")
-    return value
+    return int(value)
 
 
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -227,8 +228,9 @@ def _launch(
     _check_row_sum(row_sum, exact, dot_mode)
     _check_exp_fold(exp_fold, exact, dot_mode)
     tile_n = launch.tile_n if tile_n is None else tile_n
-    if isinstance(tile_n, bool) or not isinstance(tile_n, int) or tile_n not in TILE_SIZES:
-        raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES}; got {tile_n!r}")
+    if isinstance(tile_n, bool) or not isinstance(tile_n, numbers.Integral) or tile_n not in TILE_SIZES:
+        raise ValueError(f"tile_n must be None (by architecture) or one of {TILE_SIZES} (an int); got {tile_n!r}")
+    tile_n = int(tile_n)
     kernel = "exact" if exact else dot_mode
     refusal = launch.refusal(head_dim, tile_n, kernel)
     if refusal is not None:  # Note [sm90 refusals] in launch.py
