@@ -229,33 +229,30 @@ def _transform(site: Path, patches: list[FilePatch], *, reverse: bool, dry_run: 
 def _replace_all(new_texts: dict[Path, str]) -> None:
     """Give every file its new text, or (on any failure) leave every file as it was and no temporary behind.
 
-    Writing needs disk space, renaming does not: first every new text is written beside its file and every
-    old file kept under a second name (a hard link, which needs no space, or a copy where links are not
-    supported), then each new text is renamed over its file, atomically, so no file is ever missing. A
-    failure in either phase renames the kept old files back.
+    Writing needs disk space, renaming does not: first every new text is written beside its file, then each
+    is renamed over its file, atomically, so no file is ever missing or half written. Nothing is left to do
+    after the last rename (no backup to remove), so a success is complete. A failure renames the files
+    already replaced back to their old text, written and renamed the same way: on a full disk the failure
+    comes in the first phase, before any file was replaced, so the way back needs no space.
     """
+    old_texts = {target: target.read_text() for target in new_texts}
     staged = {target: target.with_name(target.name + ".fa4_patch.new") for target in new_texts}
-    kept = {target: target.with_name(target.name + ".fa4_patch.old") for target in new_texts}
     replaced: list[Path] = []
     try:
         for target, text in new_texts.items():
             staged[target].write_text(text)
             shutil.copymode(target, staged[target])
-            kept[target].unlink(missing_ok=True)  # a leftover of an interrupted run
-            try:
-                os.link(target, kept[target])
-            except OSError:
-                shutil.copy2(target, kept[target])
         for target in new_texts:
             os.replace(staged[target], target)
             replaced.append(target)
     except BaseException:
         for target in reversed(replaced):
-            os.replace(kept[target], target)
-        raise
-    finally:
-        for path in (*staged.values(), *kept.values()):
+            staged[target].write_text(old_texts[target])
+            shutil.copymode(target, staged[target])
+            os.replace(staged[target], target)
+        for path in staged.values():
             path.unlink(missing_ok=True)
+        raise
 
 
 def apply(site: Path, *, dry_run: bool = False, patches: list[FilePatch] | None = None) -> list[str]:

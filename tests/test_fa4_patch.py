@@ -148,21 +148,6 @@ def test_a_failed_write_or_rename_leaves_every_file_as_it_was(
     assert fa4_patch.status(site) == start
 
 
-def test_apply_without_hard_links_still_leaves_nothing_behind(stock_copy, tmp_path, monkeypatch):
-    """Where the file system refuses hard links, the old files are kept as copies instead."""
-    site = fa4_patch.copy_package(stock_copy, tmp_path, state="stock")
-    cute_dir = site / "flash_attn/cute"
-    names = sorted(p.name for p in cute_dir.iterdir())
-
-    def no_links(src, dst, *args, **kwargs):
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_links)
-    assert sorted(fa4_patch.apply(site)) == sorted(PATCHED_FILES)
-    assert fa4_patch.status(site) == "patched"
-    assert sorted(p.name for p in cute_dir.iterdir()) == names
-
-
 _HALF_PATCHED_PROBE = r"""
 import json, torch
 from torch._subclasses.fake_tensor import FakeTensorMode
