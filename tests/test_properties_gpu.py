@@ -2,7 +2,8 @@
 bit-identical answer of their contiguous copies, or (where a kernel documents a layout rule) a refusal naming the
 tensor. The FA4 BF16 Rowmax-H15 stage through the patched `flash_attn_func`, the SM90 FP8 forward
 (`fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90`), and the Fused-Softmax Triton kernel. Few small examples, one head
-dim per kernel so that each compiles once per causal flag. Skipped without CUDA (the `gpu` mark).
+dim per kernel so that each compiles once per causal flag. The `gpu` mark (Note [GPU tests] in tests/conftest.py)
+skips them without CUDA and on other architectures.
 """
 
 import pytest
@@ -17,10 +18,6 @@ layouts = st.sampled_from(LAYOUTS)
 lengths = st.integers(1, 300)
 
 
-def _capability():
-    return torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
-
-
 def _inputs(seed, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype):
     q = seeded((batch, seqlen_q, heads_q, head_dim), seed, torch.float32, 2.0, "cuda")
     k = seeded((batch, seqlen_k, heads_k, head_dim), seed + 1, torch.float32, 1.0, "cuda")
@@ -28,7 +25,10 @@ def _inputs(seed, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype):
     return tuple(x.to(dtype) for x in (q, k, v))
 
 
-@pytest.mark.skipif(_capability()[0] not in (9, 10, 11), reason="needs a CUDA GPU of the SM90 or SM100 family")
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.gpu(arch="sm100")
+@pytest.mark.gpu(arch="sm103")
+@pytest.mark.gpu(arch="sm110")
 @examples(4)
 @given(seed=seeds, seqlen_q=lengths, seqlen_k=lengths, causal=st.booleans(), lq=layouts, lk=layouts, lv=layouts)
 def test_fa4_rowmax_h15_stage_answers_alike_in_any_layout(seed, seqlen_q, seqlen_k, causal, lq, lk, lv):
@@ -44,7 +44,7 @@ def test_fa4_rowmax_h15_stage_answers_alike_in_any_layout(seed, seqlen_q, seqlen
     assert_same_results(tuple(got), tuple(want))
 
 
-@pytest.mark.skipif(_capability()[0] != 9, reason="needs a CUDA GPU with SM90 (Hopper)")
+@pytest.mark.gpu(arch="sm90")
 @examples(4)
 @given(
     seed=seeds,
