@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers_emulation import one_thread  # noqa: F401 (a fixture)
 
 from fa4_rowmax.config import SoftmaxConfig
 from fa4_rowmax.gates.tolerances import assert_within_bounds, kernel_bounds
@@ -385,18 +386,9 @@ def _long_rows(keys: int, rows: int = 4, v_mean: float = 1.0, seed: int = 21, he
     return [t.to(torch.float8_e4m3fn) for t in (q, k, v)]
 
 
-@pytest.fixture
-def one_thread():
-    """The emulated accumulator runs many small ops per k-block: one thread avoids the pool's synchronisation,
-    which dominates on a loaded machine (10-20x on 2 shared CPUs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("mode, causal", [("exact", False), ("rowmax_h15", True)])
-def test_two_level_bound_covers_two_level_accumulation_and_not_single_level(mode, causal, one_thread):
+def test_two_level_bound_covers_two_level_accumulation_and_not_single_level(mode, causal):
     """The reference with Hopper's accumulation in both GEMMs (its emulated accumulator, 13 bits) and two-level P V
     stays within the two-level `fp8_kernel_bounds` of the stock reference on long diffuse rows over V of mean 1;
     the same with single-level P V (O the wgmma's accumulator input) leaves that bound on every row (the H200's
@@ -440,7 +432,8 @@ def _promoted_sums(p: torch.Tensor, factors: torch.Tensor, tile_n: int, two_leve
     return total[:, 0]
 
 
-def test_fp8_pv_sum_error_covers_the_mma_row_sum_of_both_schemes(one_thread):
+@pytest.mark.usefixtures("one_thread")
+def test_fp8_pv_sum_error_covers_the_mma_row_sum_of_both_schemes():
     """`fp8_pv_sum_error` on a ones column (the MMA row sum): e4m3 weights of a diffuse row (2^8 down to 2^6, FA4's
     max_offset 8), 8,192 keys, each tile's factor c_t <= 1: two-level within its per-tile bound, single-level
     within its own and past the two-level one (the sum swamps each tile's weights)."""

@@ -5,6 +5,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from helpers_emulation import one_thread  # noqa: F401 (a fixture)
 
 from fa4_rowmax.config import SoftmaxConfig
 from fa4_rowmax.reference.attention import attention_reference
@@ -283,6 +284,7 @@ def _fa4_exact_model(q, k, v, tile_n: int, two_level: bool):
     return out / total[:, None]
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("promotion", ["none", "tile"])
 def test_reference_promotion_matches_an_independent_tile_loop(promotion):
     q, k, v = _long_row_problem(keys=640, rows=6, v_mean=1.0)
@@ -308,6 +310,7 @@ def _error_vs_fp64(q, k, v, config) -> float:
     return float((out - exact).norm() / exact.norm())
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_two_level_stays_flat_where_single_level_grows():
     # The H200's finding (issue 22): with V of mean 1 and diffuse attention, single-level accumulation loses a
     # share of O that grows with the keys (2.3 % at 2K, 10.5 % at 8K); two-level stays at the e4m3 P and BF16
@@ -324,6 +327,7 @@ def test_two_level_stays_flat_where_single_level_grows():
     assert errors[4096, "tile"] < 0.004
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_default_promotion_is_single_level():
     q, k, v = _fp8_problem(offset=200.0)
     base = attention_reference(q, k, v, _fp8_config(accumulator_mantissa_bits=13), causal=True)

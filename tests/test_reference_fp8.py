@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers_emulation import one_thread  # noqa: F401 (a fixture)
 
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.reference.attention import attention_reference
@@ -314,3 +315,43 @@ def test_bad_fp8_input_names_the_argument(make_arguments, error, message):
     with pytest.raises(error) as info:
         attention_reference(**make_arguments())
     assert message in str(info.value)
+
+
+# ---- two-level P V accumulation in the emulated accumulator (Note [Two-level P V accumulation]) ---------------
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_two_level_accumulation_is_per_head_and_per_row_under_gqa_causal_and_descales(mode):
+    # The promotion acts on the rows each tile holds (causal tiles start at a later row): each q head of a GQA,
+    # causal, descaled problem gives bit for bit what it gives alone with its kv head.
+    q, k, v = fp8_qkv(1, 150, 333, 4, 2, seed=9)
+    dq, dk, dv = (torch.rand(1, 2, generator=torch.Generator().manual_seed(s)) + 0.5 for s in (1, 2, 3))
+    config = SoftmaxConfig(
+        mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=128, accumulator_mantissa_bits=13, accumulator_promotion="tile"
+    )
+    out, lse = attention_reference(q, k, v, config, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    single_level = attention_reference(
+        q,
+        k,
+        v,
+        dataclasses.replace(config, accumulator_promotion="none"),
+        causal=True,
+        q_descale=dq,
+        k_descale=dk,
+        v_descale=dv,
+    )[0]
+    assert not torch.equal(out, single_level)
+    for head in range(4):
+        kv = head // 2
+        alone = attention_reference(
+            q[:, :, head : head + 1],
+            k[:, :, kv : kv + 1],
+            v[:, :, kv : kv + 1],
+            config,
+            causal=True,
+            q_descale=dq[:, kv : kv + 1],
+            k_descale=dk[:, kv : kv + 1],
+            v_descale=dv[:, kv : kv + 1],
+        )
+        assert torch.equal(out[:, :, head : head + 1], alone[0]) and torch.equal(lse[:, head : head + 1], alone[1])

@@ -315,16 +315,18 @@ FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma keeps 14 significant bits (13 fr
 # tile's P V starts from a fresh accumulator and is promoted into the fp32 O by O = fma(O, c_t, acc_t). Per output
 # element d, with U_t = sum over the tile's keys of p_j |v_jd| (p the kernel's e4m3 weights in its scale there):
 # - The tile's sum runs nb = ceil(n_t / 32) k-blocks (n_t <= tile_n keys). In each, every term (the 32 products,
-#   and c from the second block on, a partial sum of the tile) is at most U_t in magnitude, so the alignment grid
-#   is at most 2^-13 U_t: the products lose less than 32 grid units, c less than one, the block's result less than
-#   2^-13 of itself (<= U_t (1 + A_t)), the running error carried along: |acc_t - exact| <= A_t (1 + A_t) U_t with
-#   A_t = nb 34 2^-13 (Note [Hopper FP8 accumulation]'s count, per tile instead of per row).
-# - The promotion rounds once, by at most 2^-24 of the new O (<= the sum of p |v_d| so far). The factors c_t <= 1
-#   only shrink what came before, so over the T = ceil(L_k / tile_n) tiles, in the final scale, the tile errors
-#   sum to at most A_t (1 + A_t) U and the promotions to T 2^-24 U, U = sum_j p_j |v_jd| over the row:
-#   `fp8_pv_sum_error(L_k, "two_level", tile_n)` of U, independent of L_k but for the promotions (A_t = 0.0166 at
-#   tile_n 128, 0.0291 at 224). Single-level's count is the same with one "tile" of L_k keys, capped at 1, and
-#   charged against L max|v| (the bound above).
+#   and c from the second block on, a partial sum of the tile) is at most U_t in magnitude (every truncation is
+#   toward zero, so no computed partial sum exceeds the sum of its terms' magnitudes), so the alignment grid is at
+#   most 2^-13 U_t: the products lose less than 32 grid units, c less than one, the block's result less than 2^-13
+#   of itself: |acc_t - exact| <= A_t U_t with A_t = nb 34 2^-13 (Note [Hopper FP8 accumulation]'s count, per
+#   tile instead of per row).
+# - The promotion rounds once (to nearest), by at most 2^-24 of the new O, <= (1 + T 2^-24) times the sum of
+#   p |v_d| so far; the first adds to O = 0 and is exact. The factors c_t <= 1 only shrink what came before, so
+#   over the T = ceil(L_k / tile_n) tiles, in the final scale, the tile errors sum to at most A_t U and the
+#   promotions to (T - 1) 2^-24 (1 + T 2^-24) U, U = sum_j p_j |v_jd| over the row: `fp8_pv_sum_error(L_k,
+#   "two_level", tile_n)` of U, independent of L_k but for the promotions (A_t = 0.0166 at tile_n 128, 0.0291
+#   at 224). Single-level's count is that of one "tile" of L_k keys (capped at 1), at least two-level's for every
+#   L_k, and is charged against L max|v| (the bound above).
 # - The reference's own fp32 P V (its rescale multiply and add, 2 roundings per tile, and its fp32 matmul over a
 #   tile, gamma_(n_t)) adds (2 T 2^-24 + gamma_(tile_n)) U. Single-level's A grows by 34 2^-13 per k-block and
 #   dwarfs that term, so the single-level bound leaves it out.
@@ -443,7 +445,8 @@ def fp8_pv_sum_error(keys: int, pv_accumulation: str, tile_n: int) -> float:
     if pv_accumulation == "single":
         return min(1.0, -(-keys // FP8_MMA_K) * grid)
     per_tile = -(-min(tile_n, keys) // FP8_MMA_K) * grid
-    return min(1.0, per_tile * (1 + per_tile) + -(-keys // tile_n) * UNIT_ROUNDOFF_FP32)
+    promotions = (-(-keys // tile_n) - 1) * UNIT_ROUNDOFF_FP32  # the first adds to O = 0: exact
+    return min(1.0, per_tile + promotions * (1 + promotions))
 
 
 def _two_level_weight_bound(mode, pi, y, delta, anchor_drift, err, finite, row_sum_by_mma):
