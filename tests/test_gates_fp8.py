@@ -8,12 +8,14 @@ H = 1.5 * 2^-7 and 0 below (docs/fp8_sm90.md), the row sum of that same P, BF16 
 the library's reference, which flushes byte 4 to 0: the single-tile gate must accept that one difference.
 """
 
+import dataclasses
 import functools
 import json
 import math
 
 import pytest
 import torch
+from helpers_emulation import one_thread  # noqa: F401 (a fixture)
 from helpers_gates import OneOctaveOffBackend
 
 import fa4_rowmax.__main__ as main_job
@@ -31,7 +33,7 @@ def _reference(mode: str):
     return functools.partial(attention_reference, config=config)
 
 
-def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None):
+def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None, row_sum=None):
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     group = heads_q // heads_k
@@ -51,7 +53,7 @@ def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None):
     p = torch.where(n >= 2 * E4M3_TINY_LOG2, h, torch.where(n == 2 * E4M3_TINY_LOG2 - 1, byte4_value, 0.0))
     if edit_p is not None:
         p = edit_p(p)
-    total = p.sum(dim=-1, keepdim=True)
+    total = p.sum(dim=-1, keepdim=True) if row_sum is None else row_sum(p)
     normalised = torch.where(total > 0, p / total, 0.0)
     lse = torch.where(total > 0, total.log() + (m - FP8_MAX_OFFSET) * math.log(2), -math.inf).squeeze(-1)
     out = (normalised @ v64).permute(0, 2, 1, 3).to(torch.bfloat16)
@@ -257,3 +259,106 @@ def test_reference_with_hopper_accumulation_passes_the_gates(mode):
         assert report.passed, str(report)
     report = multi_tile_gate(_hopper_reference(mode), causal=True, seqlen_q=512, seqlen_k=512, dtype=E4M3, seed=3)
     assert report.passed, "\n" + format_report([report])
+
+
+# --- the FP8 kernel's P V accumulation and MMA row sum (Note [FP8 inputs in the gates]) ---------------------------
+
+
+def _mma_row_sum(p: torch.Tensor, pv_accumulation: str, tile_n: int = 128) -> torch.Tensor:
+    """The row sum as a ones column of Hopper's e4m3 P V wgmma (the reference's emulated accumulator), KV tiles
+    last to first as the kernel walks them: single-level (the sum the accumulator input) or two-level (a fresh
+    accumulator per tile, promoted by the exactly rounded FFMA; the model's whole-row anchor rescales nothing)."""
+    from fa4_rowmax.reference.mma_accumulator import emulated_matmul, fma_fp32
+
+    p32 = p.float()
+    total = p32.new_zeros(*p.shape[:-1], 1)
+    for start in reversed(range(0, p.shape[-1], tile_n)):
+        tile = p32[..., start : start + tile_n]
+        ones = torch.ones(*p.shape[:-2], 1, tile.shape[-1])
+        if pv_accumulation == "two_level":
+            total = fma_fp32(total, torch.ones(()), emulated_matmul(tile, ones, 13, -6, -6))
+        else:
+            total = emulated_matmul(tile, ones, 13, -6, -6, c=total)
+    return total.double()
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("pv_accumulation", ["single", "two_level"])
+def test_a_kernel_with_the_mma_row_sum_passes_with_its_accumulation(pv_accumulation):
+    from fa4_rowmax.gates.gates import Fp8Accumulation
+    from fa4_rowmax.gates.tolerances import fp8_pv_sum_error
+
+    accumulation = Fp8Accumulation(row_sum="mma", pv_accumulation=pv_accumulation)
+    backend = functools.partial(_kernel_model, row_sum=lambda p: _mma_row_sum(p, pv_accumulation))
+    # The emulated row sum is truly short, within the bound the gates charge.
+    q, k = (torch.randn(1, 512, 1, 128, generator=torch.Generator().manual_seed(s)) for s in (5, 6))
+    x = q.to(E4M3).double()[0, :, 0] @ k.to(E4M3).double()[0, :, 0].T * 128**-0.5 * math.log2(math.e)
+    p = torch.exp2(torch.round(2 * (x - x.amax(-1, keepdim=True) + FP8_MAX_OFFSET)) / 2).to(E4M3).double()[None]
+    loss = 1 - _mma_row_sum(p, pv_accumulation)[..., 0] / p.sum(-1)
+    assert float(loss.min()) >= 0 and float(loss.max()) <= fp8_pv_sum_error(512, pv_accumulation, 128)
+    assert float(loss.max()) > 2.0**-16
+    single = single_tile_gate(backend, _reference("rowmax_h15"), dtype=E4M3, seed=0, accumulation=accumulation)
+    assert single.passed, str(single)
+    multi = multi_tile_gate(backend, causal=True, seqlen_q=512, seqlen_k=512, dtype=E4M3, accumulation=accumulation)
+    assert multi.passed, "\n" + format_report([multi])
+    fadd = multi_tile_gate(_kernel_model, causal=True, seqlen_q=512, seqlen_k=512, dtype=E4M3)
+    widening = accumulation.widening_log2(512, 2.0**-4, exact_row_sum=True)
+    # The lower end is -log2(1.5) - tol: the MMA row sum's widening, beside the default's (single-level, FADD).
+    assert fadd.bound[0] - multi.bound[0] == pytest.approx(widening - Fp8Accumulation().widening_log2(512, 0, True))
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("promotion", ["none", "tile"])
+def test_one_hot_readback_through_hopper_p_v_passes_the_default(promotion):
+    # The reference with Hopper's accumulation in both GEMMs, single- or two-level P V, read back through one-hot V:
+    # single-level truncates each rescaled weight at every later tile (Note [FP8 inputs in the gates]), which the
+    # default accumulation (single-level) charges; the readback really moves.
+    config = _hopper_reference("exact").keywords["config"]
+    emulated = functools.partial(
+        attention_reference,
+        config=dataclasses.replace(config, accumulator_gemms="qk_pv", accumulator_promotion=promotion),
+    )
+    report = multi_tile_gate(emulated, causal=True, seqlen_q=512, seqlen_k=512, dtype=E4M3, seed=3)
+    assert report.passed, "\n" + format_report([report])
+    if promotion == "none":
+        from fa4_rowmax.gates.gates import _random_qk
+
+        q, k = _random_qk(1, 512, 512, 1, 1, 128, E4M3, "cpu", 3, 3.0)
+        moved = read_probabilities(emulated, q, k, causal=True).p
+        scores_only = read_probabilities(_hopper_reference("exact"), q, k, causal=True).p
+        ratio = (moved / scores_only)[scores_only > 2.0**-100]
+        assert float(ratio.min()) < 1 and float(ratio.max()) <= 1 + 2.0**-8  # toward zero, beyond BF16's out
+
+
+def test_single_level_widening_covers_two_level_for_each_row_sum():
+    from fa4_rowmax.gates.gates import Fp8Accumulation
+
+    for row_sum in ("fadd", "mma"):
+        for tile_n in (128, 160, 192, 224):
+            for keys in (1, 127, 128, 129, 512, 2048, 131072):
+                single = Fp8Accumulation(row_sum, "single", tile_n).widening_log2(keys, 2.0**-4, True)
+                two = Fp8Accumulation(row_sum, "two_level", tile_n).widening_log2(keys, 2.0**-4, True)
+                assert single >= two, (row_sum, tile_n, keys)
+    assert Fp8Accumulation("fadd", "single", 128).widening_log2(512, 2.0**-4, True) > 0
+
+
+def test_accumulation_refusals():
+    from fa4_rowmax.gates.gates import Fp8Accumulation
+
+    with pytest.raises(ValueError, match=r"row_sum must be one of \('fadd', 'mma'\), got 'gemm'"):
+        Fp8Accumulation(row_sum="gemm")
+    with pytest.raises(ValueError, match=r"pv_accumulation must be one of \('single', 'two_level'\)"):
+        Fp8Accumulation(pv_accumulation="tile")
+    with pytest.raises(ValueError, match="tile_n must be a positive int"):
+        Fp8Accumulation(tile_n=0)
+    with pytest.raises(TypeError, match="accumulation must be None or an Fp8Accumulation"):
+        multi_tile_gate(_kernel_model, causal=True, seqlen_q=8, seqlen_k=8, dtype=E4M3, accumulation="mma")
+    with pytest.raises(ValueError, match="applies to FP8 inputs"):
+        multi_tile_gate(
+            _kernel_model,
+            causal=True,
+            seqlen_q=8,
+            seqlen_k=8,
+            dtype=torch.bfloat16,
+            accumulation=Fp8Accumulation(row_sum="mma"),
+        )

@@ -85,6 +85,20 @@ Note [FP8 inputs in the gates]
       floor is just above the smallest normal weight (``2^(-14 + tol)`` of the top P), so either reads as
       the floor; each may also move its row sum, by at most ``2^-14 * P_top``, which the row-sum term above
       takes for every element on or near the byte-4 point.
+    - Hopper's FP8 P V accumulation (the kernel's ``pv_accumulation``, Note [Two-level P V accumulation bound] in
+      tolerances.py): through one-hot V each output element holds one key's weight, so its sum has one nonzero
+      product and a tile's wgmma adds it exactly. What is left: single-level feeds that weight, rescaled in
+      fp32, back as the accumulator input of every later tile, which truncates it to 13 fraction bits (toward
+      zero, at most 2^-13 relative per later tile: ``(T - 1) 2^-13`` over ``T`` KV tiles of ``tile_n`` keys);
+      two-level promotes it by an FFMA, one fp32 rounding per later tile (``(T - 1) 2^-24``). The ratio checks
+      gain ``-log2(1 - that)``.
+    - The row sum by the MMA (the kernel's ``row_sum="mma"``): a ones column of the same GEMM, summed in that
+      accumulator, low by up to ``r = fp8_pv_sum_error(seqlen_k, pv_accumulation, tile_n)`` of itself (toward
+      zero; tolerances.py), so P reads high by up to ``-log2(1 - r)``; in exact mode the column adds the e4m3
+      P where the FADD row sum adds the fp32 weights, up to ``u_p`` more, which the multi-tile gate (where exact
+      is a control that must pass) adds, and the single-tile gate (H15 only, whose P is exact e4m3) does not.
+      The LSE views see the weights times the same row sum: it cancels there. For one row sum, single-level's
+      terms are at least two-level's.
 """
 
 import math
@@ -93,15 +107,17 @@ from typing import Sequence
 
 import torch
 
-from fa4_rowmax.config import FP8_MAX_OFFSET
+from fa4_rowmax.config import FP8_MAX_OFFSET, PV_ACCUMULATIONS
 from fa4_rowmax.gates.readback import Backend, ProbabilityReadback, read_probabilities, resolvable, unit_roundoff
-from fa4_rowmax.gates.tolerances import fp8_score_error_bound
+from fa4_rowmax.gates.tolerances import fp8_pv_sum_error, fp8_score_error_bound
 
 H15_ENVELOPE = (-0.25, math.log2(1.5) - 0.25)  # log2(H(y)) - y, octaves
 H15_RATIO_BOUND = math.log2(1.5)  # |log2(P_kernel / P_exact)|: two envelope extremes apart
 SINGLE_TILE = 128  # the paper's tile: causal 128x128, 8,256 valid elements
 FP32_UNIT_ROUNDOFF = 2.0**-24
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+ROW_SUMS = ("fadd", "mma")  # the SM90 FP8 forward's row sum: fp32 FADDs, or a ones column of the P V GEMM
+FP8_ACCUMULATOR_FRACTION_BITS = 13
 
 Where = tuple[int, int, int, int]  # (batch, head_q, row, col)
 
@@ -186,6 +202,53 @@ def _random_qk(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, dev
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=generator, dtype=torch.float64) * q_std
     k = torch.randn(batch, seqlen_k, heads_k, head_dim, generator=generator, dtype=torch.float64)
     return q.to(dtype=dtype, device=device), k.to(dtype=dtype, device=device)
+
+
+@dataclass(frozen=True)
+class Fp8Accumulation:
+    """The FP8 kernel's knobs that set how its P V GEMM adds up (Note [FP8 inputs in the gates]): ``row_sum``
+    ("fadd" | "mma"), ``pv_accumulation`` ("single" | "two_level") and its KV tile ``tile_n``. For one row sum
+    and ``tile_n``, single-level's widening is at least two-level's, so the default (single-level, FADD) covers a
+    two-level kernel with the FADD row sum; an MMA row sum widens further."""
+
+    row_sum: str = "fadd"
+    pv_accumulation: str = "single"
+    tile_n: int = 128
+
+    def __post_init__(self) -> None:
+        if self.row_sum not in ROW_SUMS:
+            raise ValueError(f"Fp8Accumulation.row_sum must be one of {ROW_SUMS}, got {self.row_sum!r}")
+        if self.pv_accumulation not in PV_ACCUMULATIONS:
+            raise ValueError(
+                f"Fp8Accumulation.pv_accumulation must be one of {PV_ACCUMULATIONS}, got {self.pv_accumulation!r}"
+            )
+        if isinstance(self.tile_n, bool) or not isinstance(self.tile_n, int) or self.tile_n < 1:
+            raise ValueError(f"Fp8Accumulation.tile_n must be a positive int, got {self.tile_n!r}")
+
+    def widening_log2(self, seqlen_k: int, u_p: float, exact_row_sum: bool) -> float:
+        """Octaves the P ratio checks gain (Note [FP8 inputs in the gates]); ``u_p`` is P's unit roundoff, charged
+        when ``exact_row_sum`` (an MMA row sum of e4m3 P where the reference adds fp32 weights)."""
+        later_tiles = -(-seqlen_k // self.tile_n) - 1
+        per_tile = 2.0**-FP8_ACCUMULATOR_FRACTION_BITS if self.pv_accumulation == "single" else FP32_UNIT_ROUNDOFF
+        loss = later_tiles * per_tile
+        widening = -math.log2(1 - loss) if loss < 1 else math.inf
+        if self.row_sum == "mma":
+            r = fp8_pv_sum_error(seqlen_k, self.pv_accumulation, self.tile_n)
+            widening += (-math.log2(1 - r) if r < 1 else math.inf) + (u_p / math.log(2) if exact_row_sum else 0.0)
+        return widening
+
+
+def _check_accumulation(accumulation, dtype) -> Fp8Accumulation:
+    if accumulation is None:
+        return Fp8Accumulation()
+    if not isinstance(accumulation, Fp8Accumulation):
+        raise TypeError(f"accumulation must be None or an Fp8Accumulation, got {type(accumulation).__name__}")
+    if accumulation != Fp8Accumulation() and dtype not in FP8_DTYPES:
+        raise ValueError(
+            f"accumulation={accumulation} applies to FP8 inputs (dtype one of {FP8_DTYPES}), got dtype {dtype}; "
+            "accepted there: None"
+        )
+    return accumulation
 
 
 def _valid_mask(seqlen_q: int, seqlen_k: int, causal: bool, device) -> torch.Tensor:
@@ -274,6 +337,7 @@ def single_tile_gate(
     seed: int = 0,
     device: str | torch.device = "cpu",
     q_std: float = 3.0,
+    accumulation: Fp8Accumulation | None = None,
 ) -> GateReport:
     """One causal 128x128 tile: ``backend``'s P equals ``reference``'s P to rounding.
 
@@ -282,8 +346,10 @@ def single_tile_gate(
     (``dtype=torch.float8_e4m3fn``) the FP8 one, ``SoftmaxConfig(mode="rowmax_h15", p_dtype=torch.float8_e4m3fn,
     max_offset=8, tile_n=128)`` (Note [FP8 inputs in the gates]). ``q_std`` is the
     standard deviation of q's entries (k's is 1): the scores spread about ``1.44 * q_std`` octaves.
+    ``accumulation``: an FP8 backend's row sum and P V accumulation (None: single-level with the FADD row sum).
     """
     _check_common(dtype, device, seed, head_dim, q_std)
+    accumulation = _check_accumulation(accumulation, dtype)
     q, k = _random_qk(1, SINGLE_TILE, SINGLE_TILE, 1, 1, head_dim, dtype, device, seed, q_std)
     kernel = read_probabilities(backend, q, k, causal=True)
     expected = read_probabilities(reference, q, k, causal=True)
@@ -313,13 +379,15 @@ def single_tile_gate(
     p_top = expected.p.amax(dim=-1, keepdim=True)
     byte4_shift = on_byte4.sum(dim=-1, keepdim=True) * 2.0**p_floor_log2 * p_top
     byte4_shift_max = float(byte4_shift.max()) if fp8 else 0.0
-    # Both sides' P rounding, row sums, scores, (for rows compared on w_hat) LSEs, and the byte-4 row sums.
+    # Both sides' P rounding, row sums, scores, (for rows compared on w_hat) LSEs, the byte-4 row sums, and the
+    # FP8 kernel's accumulation (H15: its P is exact e4m3, so no P rounding in an MMA row sum).
     tol = (
         (u + 2 * SINGLE_TILE * FP32_UNIT_ROUNDOFF) / math.log(2)
         + 2 * y_error_max
         + _lse_error_log2(kernel.lse)
         + _lse_error_log2(expected.lse)
         + math.log2(1 + byte4_shift_max)
+        + (accumulation.widening_log2(SINGLE_TILE, 0.0, exact_row_sum=False) if fp8 else 0.0)
     )
     out_floor = torch.finfo(kernel.out_dtype).tiny * 2**tol  # below it a ratio says nothing (underflow)
     # Midway between bytes 8 and 4 (FP8; 0 otherwise); just above byte 8 within score rounding of the flush.
@@ -369,6 +437,7 @@ def multi_tile_gate(
     seed: int = 0,
     device: str | torch.device = "cpu",
     q_std: float = 3.0,
+    accumulation: Fp8Accumulation | None = None,
 ) -> GateReport:
     """A multi-tile problem against exact fp64 softmax; any Rowmax-H15 anchor schedule must pass, and so
     must exact softmax (it is the control).
@@ -380,8 +449,10 @@ def multi_tile_gate(
       the row max, inside [-0.25, +0.335], over the rows whose anchor sits on the row max (the kernel's
       own error there, ``e*``, is 0); rows with a stale anchor are counted, not judged.
     The paper's gate is ``causal=True, seqlen_q=seqlen_k=512`` (131,328 valid elements per head).
+    ``accumulation``: an FP8 backend's row sum and P V accumulation (None: single-level with the FADD row sum).
     """
     _check_common(dtype, device, seed, head_dim, q_std)
+    accumulation = _check_accumulation(accumulation, dtype)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     sizes = (
@@ -410,6 +481,8 @@ def multi_tile_gate(
     y_error_max = float((x_error + 2 * FP32_UNIT_ROUNDOFF * row_max.abs())[judged].max()) if judged.any() else 0.0
     u = unit_roundoff(kernel.out_dtype) + _p_unit_roundoff(dtype)
     tol = (u + 2 * seqlen_k * FP32_UNIT_ROUNDOFF) / math.log(2) + 2 * y_error_max + _lse_error_log2(kernel.lse)
+    if dtype in FP8_DTYPES:  # Note [FP8 inputs in the gates]: the kernel's accumulation; exact is a control here
+        tol += accumulation.widening_log2(seqlen_k, _p_unit_roundoff(dtype), exact_row_sum=True)
     headroom = H15_RATIO_BOUND + tol  # a correct P may sit this far below P_exact
     out_floor = torch.finfo(kernel.out_dtype).tiny * 2**headroom
     # Note [FP8 inputs in the gates]: P's own normal range, relative to the row's top weight.
@@ -486,14 +559,20 @@ def run_gates(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     seeds: Sequence[int] = (0, 1, 2),
+    accumulation: Fp8Accumulation | None = None,
 ) -> list[GateReport]:
     """The gate suite: the single-tile gate on every seed (skipped when ``reference`` is None), the paper's
-    multi-tile gate on every seed, and the other shapes of ``MULTI_TILE_CASES`` on one seed each."""
+    multi-tile gate on every seed, and the other shapes of ``MULTI_TILE_CASES`` on one seed each.
+    ``accumulation``: an FP8 backend's row sum and P V accumulation (Note [FP8 inputs in the gates])."""
     if not seeds:
         raise ValueError("seeds must name at least one seed")
+    accumulation = _check_accumulation(accumulation, dtype)
     reports = []
     if reference is not None:
-        reports += [single_tile_gate(backend, reference, dtype=dtype, seed=s, device=device) for s in seeds]
+        reports += [
+            single_tile_gate(backend, reference, dtype=dtype, seed=s, device=device, accumulation=accumulation)
+            for s in seeds
+        ]
     for index, (causal, seqlen_q, seqlen_k, batch, heads_q, heads_k) in enumerate(MULTI_TILE_CASES):
         case_seeds = seeds if index == 0 else (seeds[index % len(seeds)],)
         for seed in case_seeds:
@@ -509,6 +588,7 @@ def run_gates(
                     heads_k=heads_k,
                     seed=seed,
                     device=device,
+                    accumulation=accumulation,
                 )
             )
     return reports
