@@ -18,10 +18,6 @@ cubic's Horner steps), the same converts, and the row max NaN-propagating (Note 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -29,22 +25,10 @@ import pytest
 
 from fa4_rowmax.stage.softmax_base import off_mufu
 from fa4_rowmax.testing import compile_check
+from fa4_rowmax.testing.sass import count, split_instruction
 
-ROOT = Path(__file__).resolve().parent.parent
 SITES = 3
 ROWS = 2
-
-_WORKER = r"""
-import json, sys
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
-kw = json.loads(sys.argv[1])
-with FakeTensorMode():
-    q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
-    k = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
-    flash_attn_fp8_sm90(q, k, k, causal=True, **kw)
-"""
 
 # A pseudo-opcode in the counts: local-memory loads and stores between the first and the last GMMA (the main loop;
 # FA4's epilogue may stage O through local memory once per work tile).
@@ -69,31 +53,10 @@ TWO_LEVEL_TWINS = {"exact_two_level": "exact", "h15_two_level": "h15"}
 
 
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
-    dump = workdir / name
-    dump.mkdir()
-    env = dict(
-        os.environ,
-        **compile_check.ARCH_ENV["sm90"],
-        CUTE_DSL_KEEP="cubin",
-        CUTE_DSL_DUMP_DIR=str(dump),
-        PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        PYTHONWARNINGS="ignore",
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", _WORKER, json.dumps(kwargs)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cubins = sorted(dump.glob("*Sm90Fp8*.cubin"))
-    assert len(cubins) == 1, sorted(p.name for p in dump.iterdir())
-    sass = subprocess.run(
-        [compile_check.cuobjdump(), "-sass", str(cubins[0])], check=True, capture_output=True, text=True
-    ).stdout
-    instructions = [
-        line.split("*/", 1)[1].split(";")[0].strip()
-        for line in sass.splitlines()
-        if compile_check._SASS_LINE.search(line)
-    ]
-    opcodes = [(ins.split()[1] if ins.startswith("@") else ins.split()[0]) for ins in instructions]
+    """Mnemonic counts of the kernel `kwargs` compile to (`compile_check.compile_fp8_sm90`: causal, head dim 128,
+    256 keys), plus MAIN_LOOP_LOCAL."""
+    instructions = compile_check.disassemble(compile_check.compile_fp8_sm90(kwargs, workdir / name, site))
+    opcodes = [split_instruction(ins)[0] for ins in instructions]
     ops = Counter(opcodes)
     gmma = [i for i, op in enumerate(opcodes) if op.startswith("QGMMA")]
     ops[MAIN_LOOP_LOCAL] = sum(op.startswith(("STL", "LDL")) for op in opcodes[gmma[0] : gmma[-1]])
@@ -105,10 +68,6 @@ def compiled(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("fp8_sm90")
     site = compile_check.prepare_fa4_copies(workdir)["patched"]
     return {name: (kwargs, _compile(name, kwargs, workdir, site)) for name, kwargs in CONFIGS.items()}
-
-
-def _count(ops: Counter, prefix: str) -> int:
-    return sum(n for op, n in ops.items() if op == prefix or op.startswith(prefix + "."))
 
 
 def _per_thread(kwargs) -> int:
@@ -126,7 +85,7 @@ def test_fp8_wgmma_only(compiled, name):
     kwargs, ops = compiled[name]
     qgmma = {op: n for op, n in ops.items() if op.startswith("QGMMA")}
     assert qgmma and all(op.endswith(".E4M3.E4M3") for op in qgmma), qgmma
-    assert _count(ops, "HGMMA") == 0
+    assert count(ops, "HGMMA") == 0
     pv_n = 128 + (8 if kwargs.get("row_sum") == "mma" else 0)
     assert any(op.startswith(f"QGMMA.64x{pv_n}x32.") for op in qgmma), qgmma
     assert any(op.startswith(f"QGMMA.64x{kwargs.get('tile_n', 128)}x32.") for op in qgmma), qgmma
@@ -136,7 +95,7 @@ def test_fp8_wgmma_only(compiled, name):
 def test_exact_twin_mufu_and_convert_counts(compiled, name):
     kwargs, ops = compiled[name]
     e = _per_thread(kwargs)
-    assert _count(ops, "MUFU.EX2") == SITES * (e - _emulated_per_thread(kwargs)) + ROWS * (SITES - 1)
+    assert count(ops, "MUFU.EX2") == SITES * (e - _emulated_per_thread(kwargs)) + ROWS * (SITES - 1)
     e4m3_converts = sum(n for op, n in ops.items() if op.startswith("F2FP") and "E4M3" in op)
     assert e4m3_converts == SITES * e // 2
 
@@ -149,22 +108,22 @@ def test_beta_moves_exp2_onto_the_fma_pipe(compiled):
     _, base = compiled["exact_n192_mma"]
     emulated = _emulated_per_thread(kwargs)
     assert emulated == 24
-    assert _count(ops, "FFMA") - _count(base, "FFMA") == 3 * SITES * emulated
-    assert _count(base, "FMNMX.NAN") == 0 and _count(ops, "FMNMX.NAN") >= SITES * _per_thread(kwargs)
+    assert count(ops, "FFMA") - count(base, "FFMA") == 3 * SITES * emulated
+    assert count(base, "FMNMX.NAN") == 0 and count(ops, "FMNMX.NAN") >= SITES * _per_thread(kwargs)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("h15")])
 def test_h15_has_no_weight_mufu_and_no_convert(compiled, name):
     kwargs, ops = compiled[name]
     e = _per_thread(kwargs)
-    assert _count(ops, "MUFU.EX2") == ROWS * (SITES - 1)
+    assert count(ops, "MUFU.EX2") == ROWS * (SITES - 1)
     assert not any(op.startswith("F2FP") and "E4M3" in op for op in ops)
     # Three PRMT per four bytes (Note [H15 e4m3 bytes by integer ops]), beyond the few FA4 itself emits.
-    assert _count(ops, "PRMT") >= SITES * e * 3 // 4
+    assert count(ops, "PRMT") >= SITES * e * 3 // 4
 
 
 def test_row_sum_by_mma_leaves_no_per_element_fadd(compiled):
-    fadd = {name: _count(ops, "FADD") for name, (_, ops) in compiled.items()}
+    fadd = {name: count(ops, "FADD") for name, (_, ops) in compiled.items()}
     e = {name: _per_thread(kwargs) for name, (kwargs, _) in compiled.items()}
     assert fadd["exact"] >= SITES * e["exact"] and fadd["h15"] >= 2 * SITES * e["h15"]  # sum (+ round-add)
     assert fadd["exact_n192_mma"] < SITES * e["exact_n192_mma"] // 8
@@ -177,7 +136,7 @@ def test_clamp_by_saturation_drops_the_clamp(compiled):
     assert ops["FFMA.SAT"] == SITES * _per_thread(kwargs)
     assert not any(op == "FMNMX" or (op.startswith("FMNMX.") and ".NAN" not in op) for op in ops), ops
     _, fold_ops = compiled["h15_fold_n192_mma"]
-    assert _count(fold_ops, "FMNMX") - _count(ops, "FMNMX") == SITES * _per_thread(kwargs)
+    assert count(fold_ops, "FMNMX") - count(ops, "FMNMX") == SITES * _per_thread(kwargs)
 
 
 def _o_per_thread(kwargs) -> int:
@@ -192,9 +151,9 @@ def test_two_level_promotes_by_one_ffma_per_o_element(compiled, name):
     kwargs, ops = compiled[name]
     _, single = compiled[TWO_LEVEL_TWINS[name]]
     o = _o_per_thread(kwargs)
-    assert _count(ops, "FFMA") - _count(single, "FFMA") == SITES * o
-    assert _count(single, "FMUL") - _count(ops, "FMUL") == (SITES - 1) * o
-    assert _count(ops, "QGMMA") == _count(single, "QGMMA")
+    assert count(ops, "FFMA") - count(single, "FFMA") == SITES * o
+    assert count(single, "FMUL") - count(ops, "FMUL") == (SITES - 1) * o
+    assert count(ops, "QGMMA") == count(single, "QGMMA")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, kw in CONFIGS.items() if kw.get("tile_n", 128) == 128))
