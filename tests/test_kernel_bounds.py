@@ -471,3 +471,26 @@ def test_fp8_kernel_bounds_default_is_single_level_and_refuses_other_schemes():
         fp8_kernel_bounds(q, k, v, config, True, pv_accumulation="tile")
     with pytest.raises(ValueError, match="pv_accumulation must be one of"):
         fp8_pv_sum_error(300, "two-level", 128)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_two_level_bounds_cover_hopper_accumulation_with_gqa_causal_and_descales(mode):
+    """The GPU tests' kind in small (GQA 7, causal, descales, N(0, 1) e4m3): the reference with both GEMMs by
+    Hopper's rule and two-level P V stays within the two-level bounds of the stock reference, out and LSE."""
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+    from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
+
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (
+        torch.randn(1, n, h, 128, generator=gen).to(torch.float8_e4m3fn) for n, h in ((300, 14), (300, 2), (300, 2))
+    )
+    dq, dk, dv = (torch.rand(1, 2, generator=gen) + 0.5 for _ in range(3))
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, tile_n=128)
+    kw = dict(causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    ref_out, ref_lse = attention_reference(q, k, v, config, **kw)
+    emulated = dataclasses.replace(config, accumulator_mantissa_bits=13, accumulator_promotion="tile")
+    out, lse = attention_reference(q, k, v, emulated, **kw)
+    out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, True, [dq, dk, dv], pv_accumulation="two_level")
+    assert ((lse - ref_lse).abs() <= lse_bound).all()
+    assert ((out.float() - ref_out.float()).abs().amax(-1, keepdim=True) <= out_bound).all()

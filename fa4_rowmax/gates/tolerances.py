@@ -568,13 +568,13 @@ def fp8_kernel_bounds(
         tiles = -(-seqlen_k // tile_n)
         reference_pv = 2 * tiles * UNIT_ROUNDOFF_FP32 + _gamma(min(tile_n, seqlen_k))
         weight = _two_level_weight_bound(config.mode, pi, y, delta, anchor_drift, err, finite, row_sum_by_mma)
-        if row_sum_by_mma:
-            weight = weight / (1 - accumulation)
         pv_abs = (weight @ (vf.abs() * v_scale)).amax(-1)  # the sum the accumulator truncates, per output element
+        if row_sum_by_mma:  # the MMA row sum is short by up to `accumulation` of itself (vacuous at 1: capped below)
+            pv_abs = pv_abs / (1 - accumulation) if accumulation < 1 else torch.full_like(pv_abs, math.inf)
         rescale_log2 = tiles * (EXP2_FP32_LOG2_ERROR + 8 * 2.0**-24 * magnitude)
         rescale_drift = torch.expm1(2 * rescale_log2 * math.log(2.0))
         out_bound = out_bound + (accumulation + reference_pv) * pv_abs + rescale_drift * v_max
-        out_bound = out_bound + mma_sum / (1 - mma_sum) * v_max
+        out_bound = out_bound + (mma_sum / (1 - mma_sum) if mma_sum < 1 else math.inf) * v_max
     # The LSE: exact's is log sum 2^(scores), off by at most log sum pi 2^err; H15's carries its anchors whole (its
     # weights are constant between steps): the largest anchor error, and the flips. H15's FADD row sum carries
     # 2^-120, so its finalize rounds anchor - 112 in fp32.
@@ -587,7 +587,7 @@ def fp8_kernel_bounds(
     elif pv_accumulation == "single":
         lse_bound = lse_bound + math.log1p(mma_sum)
     else:  # the ones column loses toward zero, by up to `accumulation` of itself
-        lse_bound = lse_bound - math.log1p(-accumulation) - math.log1p(-e4m3_sum)
+        lse_bound = lse_bound + (-math.log1p(-accumulation) if accumulation < 1 else math.inf) - math.log1p(-e4m3_sum)
     if pv_accumulation == "two_level":  # the rescale factors reweight the row sum's tiles too
         lse_bound = lse_bound + math.log(2.0) * rescale_log2
     if config.mode == "rowmax_h15" and not row_sum_by_mma:
