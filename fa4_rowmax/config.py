@@ -6,6 +6,9 @@ and anchor roundings from here and derives a reference config from a resolved ke
 `SoftmaxStage.reference_config`). Field meanings are in
 `docs/design.md` ("`SoftmaxConfig` fields"); every rejected value raises `ValueError`
 (or `TypeError` for a value of the wrong type) naming the field and what it accepts.
+
+Also the kernels' softmax-stage knobs (`STAGE_KNOBS`, Note [Softmax-stage knobs]) and the one range rule
+(`check_p_range`) that the reference config, the FA4 stage and the SM90 FP8 forward share.
 """
 
 import math

@@ -5,7 +5,9 @@ The patched `flash_attn.cute.flash_attn_func` / `flash_attn_varlen_func` (patche
 no knob set), which leaves FA4 byte-for-byte unchanged, or a frozen, hashable `SoftmaxStage`. `_flash_attn_fwd`
 resolves the stage for the architecture and dtype (`SoftmaxStage.for_kernel`), puts it in the compile-cache
 key and hands it to the kernel, which swaps its `Softmax` / `SoftmaxSm100` for ours
-(`SoftmaxStage.sm90` / `.sm100`).
+(`SoftmaxStage.sm90` / `.sm100`). The SM90 FP8 forward (`fa4_rowmax.fp8_sm90`, FA4's SM90 FP8 calls routed
+to it by patch 0001) takes the same stage through the same two steps, so a knob's path is config ->
+`softmax_stage` -> `SoftmaxStage.for_kernel` -> the kernel's softmax class, whichever kernel runs it.
 
 `fa4_backend(...)` wraps the patched FA4 as a gate backend `(q, k, v, causal) -> (out, lse)`.
 """

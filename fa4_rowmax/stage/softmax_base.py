@@ -17,6 +17,7 @@ in `softmax_sm90.py` and `softmax_sm100.py`.
 
 import dataclasses
 import math
+import operator
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -110,18 +111,21 @@ def ptx_fragment(builder):
     return builder
 
 
-def _asm_f32(asm: InlineAsm, *args: Float32, loc=None, ip=None) -> Float32:
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(a).ir_value(loc=loc, ip=ip) for a in args],
-            asm.ptx,
-            asm.constraints,
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
+def _asm(asm: InlineAsm, result_type, *args, loc=None, ip=None):
+    """The inline-PTX op of one fragment: `args` are DSL values (Float32, Int32), `result_type` an MLIR type."""
+    return llvm.inline_asm(
+        result_type,
+        [a.ir_value(loc=loc, ip=ip) for a in args],
+        asm.ptx,
+        asm.constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+def _asm_f32(asm: InlineAsm, *args: Float32, loc=None, ip=None) -> Float32:
+    return Float32(_asm(asm, T.f32(), *(Float32(a) for a in args), loc=loc, ip=ip))
 
 
 _H15_ROUND_HEX = _f32_hex(H15_ROUND)
@@ -428,4 +432,55 @@ class Sm90OnlineSoftmaxMixin(RowmaxSoftmaxMixin):
                         row_scale[r] = 1.0
             row_max[r] = row_max_cur
             self.row_weights(acc_S_mn, r, row_max_safe, row_scale, scale_log2, is_first)
+        return row_scale
+
+    def finalize_out_scale(self, final_scale: Float32) -> Float32:
+        """What every row's 1 / row_sum is multiplied by: `final_scale`; the FP8 stage adds its own factors."""
+        return final_scale
+
+    def lse_log2_offset(self):
+        """What the LSE (log2 units) subtracts: None here; the FP8 stage's weights carry scalings."""
+        return None
+
+    def lse_log2(self, anchor: Float32, row_sum: Float32, offset) -> Float32:
+        lse = anchor + cute.math.log2(row_sum, fastmath=True)
+        return lse if const_expr(offset is None) else lse - Float32(offset)
+
+    @cute.jit
+    def finalize_rows(self, final_scale: Float32, sink_val) -> cute.Tensor:
+        """FA4's `Softmax.finalize` with the anchor a the weights used (Note [Folded H15 with a half-octave
+        anchor]), the stage's scalings (`finalize_out_scale`, `lse_log2_offset`) and, with `nan_rows`, a NaN factor
+        for rows whose max is NaN or +inf (Note [NaN rows in the approximate modes], softmax_sm90.py); rows whose
+        sum is 0 or NaN get LSE -inf and factor 1 (stock). row_sum becomes the LSE."""
+        if const_expr(sink_val is not None and isinstance(sink_val, cute.Tensor)):
+            assert cute.size(sink_val) == cute.size(self.row_sum)
+        row_sum = self.row_sum
+        row_max = self.row_max
+        scale_log2 = self.current_scale_log2()
+        row_sum.store(utils.warp_reduce(row_sum.load(), operator.add, width=4))
+        row_scale = cute.make_fragment_like(row_max, Float32)
+        out_scale = self.finalize_out_scale(final_scale)
+        lse_offset = self.lse_log2_offset()
+        for r in cutlass.range(cute.size(row_sum), unroll_full=True):
+            anchor = row_max[r] * scale_log2
+            if const_expr(self.folded):
+                anchor = Float32(H15_ROUND) - h15_anchor_addend(row_max[r], scale_log2)
+            if const_expr(sink_val is not None):
+                sink_cur = sink_val if const_expr(not isinstance(sink_val, cute.Tensor)) else sink_val[r]
+                if row_max[r] == -Float32.inf:
+                    anchor = sink_cur * utils.LOG2_E
+                row_sum[r] += cute.math.exp2(sink_cur * utils.LOG2_E - anchor, fastmath=True)
+            empty_or_nan = row_sum[r] == 0.0 or row_sum[r] != row_sum[r]
+            row_scale[r] = cute.arch.rcp_approx(row_sum[r] if not empty_or_nan else 1.0) * out_scale
+            poisoned = False
+            if const_expr(self.nan_rows):
+                poisoned = row_max[r] != row_max[r] or row_max[r] == Float32.inf
+                if poisoned:
+                    row_scale[r] = Float32(math.nan)
+            row_sum_cur = row_sum[r]
+            row_sum[r] = (
+                self.lse_log2(anchor, row_sum_cur, lse_offset) * math.log(2.0)
+                if not (empty_or_nan or poisoned)
+                else -Float32.inf
+            )
         return row_scale

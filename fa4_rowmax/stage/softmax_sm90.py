@@ -30,8 +30,6 @@ counts as a change): when none changed, the warp branches over the multiplies. T
 so no lane diverges; the cost is the compares, one vote and one branch per tile.
 """
 
-import math
-import operator
 from dataclasses import dataclass
 
 import cutlass
@@ -41,7 +39,6 @@ from cutlass import Float32, const_expr
 from flash_attn.cute.softmax import Softmax
 
 from fa4_rowmax.stage.softmax_base import (
-    H15_ROUND,
     RowmaxSoftmaxMixin,
     Sm90OnlineSoftmaxMixin,
     h15_alu,
@@ -122,42 +119,11 @@ class RowmaxSoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
 
     @cute.jit
     def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:
-        """Stock `Softmax.finalize`, plus the rounded anchor in the LSE and the NaN rows.
-
-        `exact` without a half-octave anchor is FA4's own finalize. Otherwise the same formulas with the
-        anchor a the weights used (Note [Folded H15 with a half-octave anchor]) and a NaN factor for rows
-        whose max is NaN or +inf (Note [NaN rows in the approximate modes]).
-        """
+        """Stock `Softmax.finalize` for `exact` without a half-octave anchor; otherwise the same formulas with the
+        anchor the weights used and the NaN rows (`Sm90OnlineSoftmaxMixin.finalize_rows`)."""
         if const_expr(not self.folded and not self.nan_rows):
             return Softmax.finalize(self, final_scale, sink_val)
-        if const_expr(sink_val is not None and isinstance(sink_val, cute.Tensor)):
-            assert cute.size(sink_val) == cute.size(self.row_sum)
-        row_sum = self.row_sum
-        row_max = self.row_max
-        scale_log2 = self.scale_log2
-        row_sum.store(utils.warp_reduce(row_sum.load(), operator.add, width=4))
-        row_scale = cute.make_fragment_like(row_max, Float32)
-        for r in cutlass.range(cute.size(row_sum), unroll_full=True):
-            anchor = row_max[r] * scale_log2
-            if const_expr(self.folded):
-                anchor = Float32(H15_ROUND) - h15_anchor_addend(row_max[r], scale_log2)
-            if const_expr(sink_val is not None):
-                sink_cur = sink_val if const_expr(not isinstance(sink_val, cute.Tensor)) else sink_val[r]
-                if row_max[r] == -Float32.inf:
-                    anchor = sink_cur * utils.LOG2_E
-                row_sum[r] += cute.math.exp2(sink_cur * utils.LOG2_E - anchor, fastmath=True)
-            empty_or_nan = row_sum[r] == 0.0 or row_sum[r] != row_sum[r]
-            row_scale[r] = cute.arch.rcp_approx(row_sum[r] if not empty_or_nan else 1.0) * final_scale
-            poisoned = row_max[r] != row_max[r] or row_max[r] == Float32.inf
-            if poisoned:
-                row_scale[r] = Float32(math.nan)
-            row_sum_cur = row_sum[r]
-            row_sum[r] = (
-                (anchor + cute.math.log2(row_sum_cur, fastmath=True)) * math.log(2.0)
-                if not (empty_or_nan or poisoned)
-                else -Float32.inf
-            )
-        return row_scale
+        return self.finalize_rows(final_scale, sink_val)
 
     @cute.jit
     def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor) -> None:

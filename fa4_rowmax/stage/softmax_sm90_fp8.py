@@ -50,15 +50,12 @@ and so per work tile: the kernel loads them once per tile (`set_tile_descale`) i
 tensors that `online_softmax` and `finalize` read.
 """
 
-import math
-import operator
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import flash_attn.cute.utils as utils
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.softmax import Softmax
 from quack import layout_utils
@@ -69,6 +66,7 @@ from fa4_rowmax.stage.softmax_base import (
     InlineAsm,
     RowmaxSoftmaxMixin,
     Sm90OnlineSoftmaxMixin,
+    _asm,
     _f32_hex,
     h15_anchor_addend,
     ptx_fragment,
@@ -114,18 +112,6 @@ H15_SAT_SCALE = 1.0 / 16
 # m * scale_log2) (the half octave nearest m * scale_log2), in one FFMA; the clamp moves onto r (at
 # 1.5 * 2^22, L = 0). The reference is SoftmaxConfig(anchor_rounding="half_octave"): rescale exp2(a_old -
 # a_new), LSE from a. Per element one FADD less than the exact-anchor H15.
-
-
-def _asm(asm: InlineAsm, result_type, *args, loc=None, ip=None):
-    return llvm.inline_asm(
-        result_type,
-        [a.ir_value(loc=loc, ip=ip) for a in args],
-        asm.ptx,
-        asm.constraints,
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
 
 
 _H15_ROUND_HEX = _f32_hex(H15_ROUND)
@@ -467,43 +453,31 @@ class Fp8SoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
 
     @cute.jit
     def finalize(self, final_scale: Float32 = 1.0, sink_val: Float32 | cute.Tensor | None = None) -> cute.Tensor:
-        """1 / row_sum (with v_descale, and 2^120 for rowmax_h15) and the LSE; row_sum becomes the LSE.
+        """1 / row_sum (with v_descale, and 2^120 for rowmax_h15) and the LSE; row_sum becomes the LSE
+        (`Sm90OnlineSoftmaxMixin.finalize_rows`).
 
         Rows whose sum is 0 or NaN get LSE -inf and factor 1 (stock); with `nan_rows` (rowmax_h15, exact with a
         beta) a NaN or +inf row max (NaN or +inf score) makes the factor NaN, so O is NaN there as in exact
         (Note [NaN rows in the approximate modes], softmax_sm90.py; Note [beta on the FP8 exact twin]).
         """
         assert sink_val is None, "learnable sinks are not supported on the SM90 FP8 path"
-        row_sum = self.row_sum
-        row_max = self.row_max
-        scale_log2 = self.current_scale_log2()
-        row_sum.store(utils.warp_reduce(row_sum.load(), operator.add, width=4))
-        row_scale = cute.make_fragment_like(row_max, Float32)
-        sum_log2_scale = (
-            H15_FP8_SUM_LOG2_SCALE if const_expr(self.mode == "rowmax_h15" and not self.row_sum_by_mma) else 0
-        )
-        out_scale = final_scale * Float32(2.0**sum_log2_scale)
+        return self.finalize_rows(final_scale, sink_val)
+
+    @property
+    def sum_log2_scale(self) -> int:
+        """The row sum's scaling (log2): 2^-120 when it adds H15's fp32 bits (Note [H15 e4m3 bytes by integer ops])."""
+        return H15_FP8_SUM_LOG2_SCALE if self.mode == "rowmax_h15" and not self.row_sum_by_mma else 0
+
+    def finalize_out_scale(self, final_scale: Float32) -> Float32:
+        """final_scale, the row sum's scaling put back and v_descale (Note [Descales])."""
+        out_scale = final_scale * Float32(2.0**self.sum_log2_scale)
         if const_expr(self.has_descale):
             out_scale = out_scale * self.tile_v_descale[0]
-        for r in cutlass.range(cute.size(row_sum), unroll_full=True):
-            anchor = row_max[r] * scale_log2
-            if const_expr(self.folded):
-                anchor = Float32(H15_ROUND) - h15_anchor_addend(row_max[r], scale_log2)
-            empty_or_nan = row_sum[r] == 0.0 or row_sum[r] != row_sum[r]
-            row_scale[r] = cute.arch.rcp_approx(row_sum[r] if not empty_or_nan else 1.0) * out_scale
-            poisoned = False
-            if const_expr(self.nan_rows):
-                poisoned = row_max[r] != row_max[r] or row_max[r] == Float32.inf
-                if poisoned:
-                    row_scale[r] = Float32(math.nan)
-            row_sum_cur = row_sum[r]
-            row_sum[r] = (
-                (anchor + cute.math.log2(row_sum_cur, fastmath=True) - Float32(FP8_MAX_OFFSET + sum_log2_scale))
-                * math.log(2.0)
-                if not (empty_or_nan or poisoned)
-                else -Float32.inf
-            )
-        return row_scale
+        return out_scale
+
+    def lse_log2_offset(self) -> int:
+        """max_offset's 2^8 (Note [FP8 max_offset]) and the row sum's scaling come off the LSE."""
+        return FP8_MAX_OFFSET + self.sum_log2_scale
 
 
 @dataclass(frozen=True)
