@@ -670,6 +670,13 @@ def fp8_sm90_accepted_knobs(fn: Callable) -> set[str]:
     return accepted
 
 
+def fp8_stock_structure(softmax_mode: str) -> dict:
+    """The FP8 forward's structural knobs at their config.STAGE_KNOBS defaults (tile 128, overlapped step, FADD
+    row sum; the FMNMX clamp for rowmax_h15)."""
+    stock = {"tile_n": 128, "intra_wg_overlap": True, "row_sum": "fadd"}
+    return {**stock, "clamp": "max"} if softmax_mode == "rowmax_h15" else stock
+
+
 def _fp8_sm90_loader(knobs: dict) -> Callable:
     """The FP8 SM90 entry, unavailable when it lacks one of `knobs`' arguments."""
 
@@ -891,6 +898,10 @@ def _fp8_specs() -> list[KernelSpec]:
     ]
     variants += list(FP8_LEVERS.items())
     variants += list(FP8_CANDIDATES.items())
+    # The rows above name their structure; the kernel's tuned defaults (fp8_sm90, Note [Tuned defaults]) fill
+    # only what the call leaves out, so each row passes the rest at its stock value. The accumulation rows below
+    # are what a user gets: the defaults.
+    variants = [(name, {**fp8_stock_structure(knobs["softmax_mode"]), **knobs}) for name, knobs in variants]
     variants += [
         (fp8_accumulation_name(mode, accumulation), {"softmax_mode": mode, "pv_accumulation": accumulation})
         for mode in ("exact", "rowmax_h15")

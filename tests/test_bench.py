@@ -639,9 +639,19 @@ def test_fp8_kernel_rows_and_support_rules():
         "rescale_threshold": 0.4,
         "anchor_rounding": "half_octave",
         "tile_n": 224,
+        # the structure a map row names passes in full, so the kernel's tuned defaults change nothing in it
+        "intra_wg_overlap": True,
+        "row_sum": "fadd",
+        "clamp": "max",
     }
     assert "fa4_fp8_h15_t0_n128" in FP8_MAP_KERNELS and dict(KERNELS["fa4_fp8_exact_n224"].knobs)["tile_n"] == 224
-    assert dict(KERNELS["fa4_fp8_exact_n192_b0.25"].knobs) == {"softmax_mode": "exact", "tile_n": 192, "beta": 0.25}
+    assert dict(KERNELS["fa4_fp8_exact_n192_b0.25"].knobs) == {
+        "softmax_mode": "exact",
+        "tile_n": 192,
+        "beta": 0.25,
+        "intra_wg_overlap": True,
+        "row_sum": "fadd",
+    }
     assert "fa4_fp8_exact_n192_b0.125" in FP8_LEVERS and KERNELS["fa4_fp8_exact_n192_b0.125"].checked
     assert dict(KERNELS["fa4_fp8_h15_fold_vote_mma"].knobs) == {
         "softmax_mode": "rowmax_h15",
@@ -649,6 +659,9 @@ def test_fp8_kernel_rows_and_support_rules():
         "rescale_vote": True,
         "row_sum": "mma",
         "pv_accumulation": "single",
+        "tile_n": 128,
+        "intra_wg_overlap": True,
+        "clamp": "max",
     }
     # the vote skips single-level accumulation's O rescale: every vote row asks for it
     assert all(

@@ -167,7 +167,7 @@ def test_cli_dry_run_of_the_accuracy_study_and_the_combined_run(capsys, monkeypa
     assert "settings: preset=fp8" in out and "40 groups" in out
     line = next(line for line in out.splitlines() if line.startswith("on an H200"))
     # every sm_90-supported row times rounds x calls_per_round calls (7 x 3 by default); FA4 stock takes no FP8 there
-    assert "520 rows to time, 10920 timed calls" in line and "64 kernel compilations" in line
+    assert "880 rows to time, 18480 timed calls" in line and "136 kernel compilations" in line
     for bad, message in (
         (("--with-accuracy", "--dry-run"), "--with-accuracy goes with --fp8"),
         (("--fp8-accuracy", "--fp8", "--dry-run"), "presets; choose one"),

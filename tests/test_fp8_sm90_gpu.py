@@ -30,9 +30,12 @@ def _inputs(seed, batch, sq, sk, hq, hk, d, q_std=1.0):
 
 
 def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
-    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+    from fa4_rowmax.fp8_sm90 import call_stage, flash_attn_fp8_sm90
     from fa4_rowmax.reference.attention import attention_reference
 
+    stage = call_stage(
+        mode, q.shape[-1], causal, beta=levers.get("beta"), **{n: x for n, x in levers.items() if n != "beta"}
+    )
     poison_allocator()
     dq, dk, dv = descales if descales is not None else (None, None, None)
     out, lse = flash_attn_fp8_sm90(
@@ -41,12 +44,14 @@ def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
     config = SoftmaxConfig(
         mode=mode,
         max_offset=FP8_MAX_OFFSET,
-        tile_n=levers.get("tile_n", 128),
-        anchor_rounding=levers.get("anchor_rounding", "exact"),
+        tile_n=stage.tile_n,
+        anchor_rounding=stage.anchor_rounding,
         beta=levers.get("beta"),
     )
     ref_out, ref_lse = attention_reference(q, k, v, config, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv)
-    out_bound, lse_bound = fp8_kernel_bounds(q, k, v, config, causal, descales, levers.get("row_sum") == "mma")
+    out_bound, lse_bound = fp8_kernel_bounds(
+        q, k, v, config, causal, descales, stage.row_sum == "mma", pv_accumulation=stage.pv_accumulation
+    )
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
     no_key = torch.isneginf(ref_lse)
     assert torch.equal(torch.isneginf(lse), no_key), "rows with no key differ"

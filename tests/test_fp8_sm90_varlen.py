@@ -340,14 +340,16 @@ def _varlen_inputs(seed, lengths_q, lengths_k, heads_q, heads_kv, head_dim):
 
 def _check_sequences(out, lse, q, k, v, cu_q, cu_k, causal, mode, descales, levers):
     """Every sequence against the reference with cu_seqlens, within its per-row bounds."""
+    from fa4_rowmax.fp8_sm90 import call_stage
     from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
     from fa4_rowmax.reference.attention import attention_reference
 
+    stage = call_stage(mode, q.shape[-1], causal, **levers)
     config = SoftmaxConfig(
         mode=mode,
         max_offset=FP8_MAX_OFFSET,
-        tile_n=levers.get("tile_n", 128),
-        anchor_rounding=levers.get("anchor_rounding", "exact"),
+        tile_n=stage.tile_n,
+        anchor_rounding=stage.anchor_rounding,
     )
     dq, dk, dv = descales if descales is not None else (None, None, None)
     ref_out, ref_lse = attention_reference(
@@ -365,7 +367,14 @@ def _check_sequences(out, lse, q, k, v, cu_q, cu_k, causal, mode, descales, leve
             continue  # no rows, or no key: checked above
         seq_descales = None if descales is None else [d[b : b + 1] for d in descales]
         out_bound, lse_bound = fp8_kernel_bounds(
-            q[None, rows], k[None, keys], v[None, keys], config, causal, seq_descales, levers.get("row_sum") == "mma"
+            q[None, rows],
+            k[None, keys],
+            v[None, keys],
+            config,
+            causal,
+            seq_descales,
+            stage.row_sum == "mma",
+            pv_accumulation=stage.pv_accumulation,
         )
         lse_err = (lse[:, rows] - ref_lse[:, rows]).abs().where(~no_key[:, rows], 0.0)
         assert (lse_err <= lse_bound[0]).all(), f"sequence {b}: LSE off by {float((lse_err - lse_bound[0]).max()):.3g}"
