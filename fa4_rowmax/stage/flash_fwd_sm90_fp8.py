@@ -65,7 +65,7 @@ from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from quack import sm90_utils
 
-from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90, Fp8Stage
+from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
@@ -109,7 +109,8 @@ def pv_gemm_fresh(mma_pv_fn: partial, B_idx: Int32, wg_wait: int) -> cute.Tensor
 
 
 class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
-    """FA4's SM90 forward with e4m3 operands; `softmax_stage` is an `Fp8Stage` (mode, threshold, probes)."""
+    """FA4's SM90 forward with e4m3 operands; `stage` is the resolved `fa4_rowmax.interface.SoftmaxStage` (its knobs,
+    Note [Softmax-stage knobs] in config.py), kept as FA4's `softmax_stage` hook."""
 
     def __init__(
         self,
@@ -118,7 +119,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         *,
         is_causal: bool,
         pack_gqa: bool,
-        stage: Fp8Stage,
+        stage,
         tile_m: int = 128,
         tile_n: int = 128,
         num_stages: int = 2,

@@ -27,6 +27,7 @@ import flash_attn.cute.utils as utils
 from cutlass import Float32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+from flash_attn.cute.softmax import Softmax
 from quack import layout_utils
 
 # Note [H15 in fp32 bits]
@@ -376,8 +377,22 @@ class Sm90OnlineSoftmaxMixin(RowmaxSoftmaxMixin):
     row_max_safe, row_scale, scale_log2, is_first)` writes row r's weights into acc_S_mn and its sum into
     `row_sum[r]` (rescaled by `row_scale[r]` unless `is_first`).
 
-    Subclasses also declare the Constexpr field `anchor_rounding` (str) and define `nan_rows`.
+    Subclasses also declare the Constexpr fields `anchor_rounding` (str) and `rescale_vote` (bool) and define
+    `nan_rows`.
     """
+
+    @cute.jit
+    def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor) -> None:
+        """Stock rescale, skipped by a warp vote when every factor of the warp is 1.0 (Note [Warp-vote rescale skip],
+        softmax_sm90.py; the values are those without the vote: x * 1.0 is exact)."""
+        if const_expr(not self.rescale_vote):
+            Softmax.rescale_O(self, acc_O, row_scale)
+        else:
+            changed = row_scale[0] != 1.0
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                changed = changed or row_scale[r] != 1.0
+            if cute.arch.vote_any_sync(changed):
+                Softmax.rescale_O(self, acc_O, row_scale)
 
     @property
     def folded(self) -> bool:

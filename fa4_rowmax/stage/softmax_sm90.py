@@ -124,15 +124,3 @@ class RowmaxSoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
         if const_expr(not self.folded and not self.nan_rows):
             return Softmax.finalize(self, final_scale, sink_val)
         return self.finalize_rows(final_scale, sink_val)
-
-    @cute.jit
-    def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor) -> None:
-        """Stock rescale, skipped by a warp vote when every factor of the warp is 1.0 (Note [Warp-vote rescale skip])."""
-        if const_expr(not self.rescale_vote):
-            Softmax.rescale_O(self, acc_O, row_scale)
-        else:
-            changed = row_scale[0] != 1.0
-            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
-                changed = changed or row_scale[r] != 1.0
-            if cute.arch.vote_any_sync(changed):
-                Softmax.rescale_O(self, acc_O, row_scale)

@@ -420,18 +420,6 @@ class Fp8SoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
                     p_words[row_half + 2 * k_half + 4 * kb] = word
 
     @cute.jit
-    def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor) -> None:
-        """Stock rescale, or skipped by a warp vote (Note [Warp-vote rescale skip on FP8])."""
-        if const_expr(not self.rescale_vote):
-            Softmax.rescale_O(self, acc_O, row_scale)
-        else:
-            changed = row_scale[0] != 1.0
-            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
-                changed = changed or row_scale[r] != 1.0
-            if cute.arch.vote_any_sync(changed):
-                Softmax.rescale_O(self, acc_O, row_scale)
-
-    @cute.jit
     def promote_O(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_scale: cute.Tensor) -> None:
         """acc_O = acc_O * row_scale + acc_PV per element, one FFMA each (Note [Two-level P.V accumulation])."""
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
@@ -478,22 +466,3 @@ class Fp8SoftmaxSm90(Sm90OnlineSoftmaxMixin, Softmax):
     def lse_log2_offset(self) -> int:
         """max_offset's 2^8 (Note [FP8 max_offset]) and the row sum's scaling come off the LSE."""
         return FP8_MAX_OFFSET + self.sum_log2_scale
-
-
-@dataclass(frozen=True)
-class Fp8Stage:
-    """What the kernel's `softmax_stage` hook needs (`self.softmax_stage.sm90(softmax)` in FA4's SM90 `mma`)."""
-
-    mode: str = "exact"
-    rescale_threshold: float = 0.0
-    beta: float | None = None  # exact only, in (0, 1]; None: every exp2 on the MUFU (Note [beta on the FP8 exact twin])
-    exp2_deleted: bool = False
-    has_descale: bool = False
-    anchor_rounding: str = "exact"
-    row_sum: str = "fadd"
-    rescale_vote: bool = False
-    clamp: str = "max"
-    pv_accumulation: str = "single"  # Note [Two-level P.V accumulation]; read by the kernel, not the softmax
-
-    def sm90(self, softmax: Softmax) -> Fp8SoftmaxSm90:
-        return Fp8SoftmaxSm90.from_stock(softmax, self)
