@@ -179,6 +179,11 @@ class SoftmaxStage:
         """Resolve the knobs for `arch` (e.g. 90, 100) and the input dtype; refuse untested FA4 features
         (`features`: FA4 argument -> value, Note [Features allowed with a softmax stage]) and knobs the kernel
         does not implement; apply FA4's stock defaults and the range rule."""
+        if isinstance(arch, bool) or not isinstance(arch, int):  # 90.0 == 90 would pass the family check
+            raise TypeError(
+                f"arch must be an int compute capability (major * 10 + minor) such as 90, 100, 103, 110, not a bool, "
+                f"float or str; got {arch!r} ({type(arch).__name__})"
+            )
         family = arch // 10
         if family not in (9, 10, 11):
             raise ValueError(

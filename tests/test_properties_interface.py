@@ -110,6 +110,14 @@ def test_for_kernel_resolves_or_names_an_argument(mode, threshold, knobs, arch, 
     assert isinstance(config, SoftmaxConfig) and config.mode == mode and config.tile_n == tile_n
 
 
+@pytest.mark.parametrize("arch", ["90", None, 90.0, 100.0, True, 9.5], ids=repr)
+def test_for_kernel_refuses_an_arch_that_is_not_an_int_by_name(arch):
+    """90.0 compares equal to 90 and True floor-divides, so only a type check keeps them out of the cache key."""
+    with pytest.raises(TypeError, match=r"\barch\b.*90, 100, 103, 110") as refusal:
+        SoftmaxStage().for_kernel(arch=arch, q_dtype=torch.bfloat16)
+    assert_refusal_is_honest(refusal.value, arch)
+
+
 def _fake_fp8_inputs(batch=1, seqlen=128, heads_q=2, heads_kv=1, head_dim=128, device="cuda"):
     q = torch.empty(batch, seqlen, heads_q, head_dim, dtype=E4M3, device=device)
     k = torch.empty(batch, seqlen, heads_kv, head_dim, dtype=E4M3, device=device)
