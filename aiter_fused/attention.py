@@ -142,14 +142,12 @@ def _check_row_sum(row_sum, exact: bool, dot_mode: str) -> None:
         )
 
 
-# Note [exp_fold on GPUs]: the fold's first H200 run (2026-12-01, bench/results/h200_2026-12-01_s3/aiter/) faulted
-# in its extreme-score test ("bf16", tile 64, head dim 32), and GPUs refused exp_fold=True until the fault was
-# placed. It is the unfolded kernel's: at that launch "bf16" faults with the fold off as well, and "scaled" does
-# too (studies/aiter_h200_fault/fold_diag.sh, bench/results/h200_2026-12-01_s4/first_call/); head dim 32 at tiles 64 and
-# 128 is refused for both modes on sm90 now (Note [sm90 refusals] in launch.py). Where the kernel runs, the fold
-# matched its reference on the H200: dense, causal, GQA, MXFP8/6/4, "bf16" and "scaled", both row sums, varlen
-# with empty and fully masked rows, NaN inputs (14 tests over the two sessions), and its six extreme-score tests at
-# head dim 64 (a launch that runs; H200 2026-12-01 20:00 UTC, bench/results/h200_2026-12-01_s5/gpu_tests/).
+# Note [exp_fold on GPUs]: exp_fold=True runs wherever the unfolded kernel does. The one GPU fault seen with it
+# ("bf16", tile 64, head dim 32) is the unfolded kernel's: at that launch "bf16" and "scaled" fault or go wrong
+# with the fold off as well (studies/aiter_h200_fault/), so on sm90 head dim 32 at tiles 64 and 128 is refused for
+# both modes (Note [sm90 refusals] in launch.py). Where the kernel runs, the fold matches its reference on the H200:
+# dense, causal, GQA, MXFP8/6/4, "bf16" and "scaled", both row sums, varlen with empty and fully masked rows, NaN
+# inputs, and extreme scores at head dim 64 (docs/ledger/aiter.md).
 
 
 def _check_exp_fold(exp_fold, exact: bool, dot_mode: str) -> None:

@@ -234,8 +234,8 @@ def _fp8_rule_inputs(seed):
 
 def test_fp8_score_error_bound_holds_for_the_rule_and_is_not_vacuous():
     """Note [Hopper FP8 accumulation]: the rule's scores stay within eps of the exact ones; on the same-sign rows
-    the error uses a good part of eps, and it exceeds the 2^-13 sum |q k| of a 14-bit rounding (the model before
-    2026-12-01) by far, twice that included (the older delta's factor 2)."""
+    the error uses a good part of eps, and it exceeds the 2^-13 sum |q k| of a 14-bit rounding by far, twice that
+    included (a delta's factor 2)."""
     from fa4_rowmax.gates.tolerances import fp8_score_error_bound
 
     q, k = _fp8_rule_inputs(8)
@@ -262,10 +262,10 @@ def _hopper_config(config):
 
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 def test_fp8_bounds_cover_the_qk_truncation(mode):
-    """Note [Hopper FP8 accumulation], the H200 failure of 2026-12-01 in small: the FP8 reference with its scores
+    """Note [Hopper FP8 accumulation], the H200's GQA-7 case in small: the FP8 reference with its scores
     by Hopper's rule (its emulated accumulator, 13 bits, Q K^T only) stays within `fp8_kernel_bounds` of the
     stock one, on rows whose top score is a sum of same-sign products (each query's own key, the other keys > 20
-    octaves below: the LSE is that score's), and leaves the bound before the fix on every row (its LSE term:
+    octaves below: the LSE is that score's), and leaves a 14-bit-rounding bound on every row (its LSE term:
     ln2 (2 scale_log2 2^-13 max sum |q k| + 8 ulp) + 2^-20 + 4 ulp(LSE), no fragile element here), by up to 4.8
     times."""
     from fa4_rowmax.config import FP8_MAX_OFFSET

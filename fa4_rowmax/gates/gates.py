@@ -48,8 +48,9 @@ Note [FP8 inputs in the gates]
       the products and the running sum are aligned to the largest exponent and truncated to 13 fraction
       bits. A score is off by up to ``scale_log2 * fp8_score_error_bound(q, k)`` (Note [Hopper FP8
       accumulation], tolerances.py; the kernel bounds use the same function) instead of the fp32 bound.
-      The older model, ``2^-13 * sum_d |q_d k_d|`` per score, is exceeded by that rule wherever a block's
-      small products fall below the largest one's grid (tests/test_gates_fp8.py shows it on the gate's inputs).
+      A 14-bit-rounding model, ``2^-13 * sum_d |q_d k_d|`` per score, is exceeded by that rule wherever a
+      block's small products fall below the largest one's grid (tests/test_gates_fp8.py shows it on the gate's
+      inputs).
     - P's normal range: P is the weight relative to the anchor times ``2^max_offset``, held in e4m3, whose
       normals end at ``2^-6``: weights below ``2^-14`` of the anchor weight are flushed to 0 (H15, Note [H15
       with FP8 P] in reference/attention.py) or subnormal (exact's convert). Like elements below the output

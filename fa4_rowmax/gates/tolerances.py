@@ -277,8 +277,8 @@ def assert_within_bounds(
 #   [-6.75, -6.25) the H15 weight is 1.5 * 2^-7, below e4m3's normals; the kernel writes byte 4 (2^-7) and adds
 #   it to the row sum, where the reference flushes it to 0. Per element that is 2^-7 <= 2^-0.25 2^y of extra
 #   weight, against an H15 row sum >= 2^-0.25 of the exact one, so the row sum moves by at most the exact
-#   softmax mass `band` of those elements (LSE: band; out: band 2 max|v|). (Added on 2026-12-01 for the H200
-#   failure below, which it did not explain: the term is real, but 0 on that row.)
+#   softmax mass `band` of those elements (LSE: band; out: band 2 max|v|). The term is 0 on the row of Note
+#   [Hopper FP8 accumulation]'s case.
 #
 # Note [Hopper FP8 accumulation]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -295,18 +295,18 @@ def assert_within_bounds(
 #   (|P_b| + eps_b)], with g and the cut from the upper bound of E (`fp8_score_error_bound`; each loss capped at
 #   the magnitude of its term). Truncation is toward zero, every loss against its term's sign: a large score
 #   (mostly same-sign products, the accumulator near the score itself, so a coarse g) loses many units of g
-#   in one direction, far more than the 2^-13 sum_i |q_i k_ij| of a 14-bit rounding this Note assumed until
-#   2026-12-01 (2.6 times that on some elements of the case below, whose largest errors use about half eps_j).
+#   in one direction, far more than the 2^-13 sum_i |q_i k_ij| of a 14-bit rounding (2.6 times that on some
+#   elements of the case below, whose largest errors use about half eps_j).
 #   The rule runs as the reference's emulated accumulator (SoftmaxConfig.accumulator_mantissa_bits = 13, Note
 #   [Emulated FP8 MMA accumulator], reference/mma_accumulator.py): tests/test_kernel_bounds.py checks eps and
 #   these bounds against it.
-# - The H200 runs of 2026-12-01 (sessions 2 and 4): test_descales_match_reference[14-rowmax_h15] (GQA 7 with
-#   descales) failed on one row by 9.26e-5 both times, under the older delta. The CPU replay
+# - The case: test_descales_match_reference[14-rowmax_h15] (GQA 7 with descales) on the H200 leaves a bound built on
+#   the 14-bit-rounding delta on one row by 9.26e-5 (docs/ledger/fp8_sm90.md). The CPU replay
 #   (studies/fp8_qk_truncation/replay.py: the test's inputs from torch's CUDA Philox stream, the scores by this
-#   rule, a model of the H15 kernel's softmax and finalize) finds exactly that: one row past the older bound
-#   (batch 1, q head 11, row 34: 35 keys, max score 30.51, scale_log2 x descales 0.0637) by 9.26e-5, and no
-#   exact-mode row (the H200 passed exact). The row max's score lost 0.0263 (1.09 times the older delta), which
-#   H15's LSE carries whole; exact's LSE averages the errors over the row's softmax.
+#   rule, a model of the H15 kernel's softmax and finalize) finds exactly that row (batch 1, q head 11, row 34: 35
+#   keys, max score 30.51, scale_log2 x descales 0.0637), and no exact-mode row (the H200 passed exact). The row
+#   max's score loses 0.0263 (1.09 times the 14-bit-rounding delta), which H15's LSE carries whole; exact's LSE
+#   averages the errors over the row's softmax.
 FP8_ACCUMULATOR_BITS = 14  # Hopper's FP8 wgmma keeps 14 significant bits (13 fraction bits), truncated
 
 # Note [Two-level P V accumulation bound]
