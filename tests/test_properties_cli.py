@@ -87,6 +87,20 @@ def test_quality_cli_refuses_a_bad_count_in_one_line(option, value):
     assert code == 2 and err.count("\n") == 1 and option in err, (code, err)
 
 
+@pytest.mark.parametrize("option", ["--blocks", "--block-size", "--time-budget-s", "--baps-lengths", "--out"])
+def test_quality_cli_refuses_a_double_dash_value_in_one_line(option):
+    """argparse drops a '--' given as `--option=--` and stores [] without calling the option's type."""
+    code, err = _exit_code(lambda: quality_cli.parse_args([f"{option}=--"]))
+    assert code == 2 and err.count("\n") == 1 and option in err, (code, err)
+
+
+def test_quality_cli_without_cuda_refuses_device_cuda_in_one_line(monkeypatch):
+    """Decided before any loading: exit 2 with one line naming --device and what this machine accepts."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, err = _exit_code(lambda: quality_cli.main(["--device", "cuda", "--blocks", "1"]))
+    assert code == 2 and err.count("\n") == 1 and "--device" in err and "cpu" in err.split("accepted")[-1], (code, err)
+
+
 @examples(20)
 @given(option=st.sampled_from(("--blocks", "--block-size")), value=st.integers(2, 10**6))
 def test_quality_cli_takes_a_good_count_as_given(option, value):

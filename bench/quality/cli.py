@@ -49,6 +49,18 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """Refuse `--option=--`: argparse (3.11) drops that '--' and stores [] without calling the option's type,
+        so `--blocks=--` would pass every count check."""
+        args = sys.argv[1:] if args is None else list(args)
+        for arg in args:
+            if arg == "--":
+                break
+            option, equals, value = arg.partition("=")
+            if option.startswith("-") and equals and value == "--":
+                self.error(f"argument {option}: expected a value, got '--'")
+        return super().parse_known_args(args, namespace)
+
 
 def _usage_error(message: str):
     """What the parser does with a bad argument, for what only shows once the command runs (a missing asset)."""
@@ -257,11 +269,14 @@ def _package_version(name: str) -> str | None:
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():  # not in parse_args: GPU plans parse on any machine
+        _usage_error(
+            "argument --device: cuda needs a CUDA device and torch.cuda.is_available() is False; "
+            "accepted on this machine: --device cpu"
+        )
     started = time.perf_counter()
     git_commit = _git_commit()  # at the start: the code that runs, not what a later commit made of it
     if args.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
         # The fp32 baseline and the simulator must not silently drop to TF32 matmuls.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
