@@ -25,12 +25,19 @@ VARIANTS = {
     "fa4fp8_exact_noexp2_n192": dict(softmax_mode="exact", exp2_deleted=True, tile_n=192),
     "fa4fp8_exact_noexp2_n192_mma": dict(softmax_mode="exact", exp2_deleted=True, tile_n=192, row_sum="mma"),
     "fa4fp8_exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma"),
-    "fa4fp8_exact_n192_mma_vote": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True),
+    # The vote skips single-level accumulation's O rescale; two-level (the default) has none to skip and refuses it.
+    "fa4fp8_exact_n192_mma_vote": dict(
+        softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True, pv_accumulation="single"
+    ),
     "fa4fp8_h15_n192": dict(softmax_mode="rowmax_h15", tile_n=192),
     "fa4fp8_h15_n192_mma": dict(softmax_mode="rowmax_h15", tile_n=192, row_sum="mma"),
     "fa4fp8_h15_fold_n192": dict(softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192),
     "fa4fp8_h15_fold_n192_vote": dict(
-        softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, rescale_vote=True
+        softmax_mode="rowmax_h15",
+        anchor_rounding="half_octave",
+        tile_n=192,
+        rescale_vote=True,
+        pv_accumulation="single",
     ),
     "fa4fp8_h15_fold_n192_mma": dict(
         softmax_mode="rowmax_h15", anchor_rounding="half_octave", tile_n=192, row_sum="mma"
