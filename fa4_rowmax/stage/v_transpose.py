@@ -29,7 +29,7 @@ V once and writes V^T once, as the dense pass does, plus at most 2 tiles of zero
 option, a zero-padded copy of K with padded cu_seqlens_k and the true lengths as seqused_k (no kernel seam),
 moves K in and out once more: 2 * total_k * heads_kv * head_dim bytes, as much as the V^T pass itself.
 The pass finds a block's sequence by binary search over start(b) (strictly increasing), so it needs no host
-read of the lengths; tile_n is a multiple of 32 (fp8_sm90.TILE_NS), so a 32-key block never straddles two
+read of the lengths; tile_n is a multiple of 32 (fa4_rowmax.config.FP8_TILE_NS), so a 32-key block never straddles two
 ranges.
 """
 
