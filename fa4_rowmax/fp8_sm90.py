@@ -314,6 +314,8 @@ def flash_attn_fp8_sm90(
     `seqused_k` (int32, batch: the rows / keys used of each sequence; rows past seqused_q are not written, as
     in FA4); `validate=False` skips the one host read that checks their contents (Note [Varlen host checks]).
     """
+    if not isinstance(validate, bool):
+        raise ValueError(f"validate must be a bool, got {validate!r}")
     stage = softmax_stage(softmax_mode, rescale_threshold, beta, **knobs) or SoftmaxStage()
     varlen_args = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k)
     descales = (q_descale, k_descale, v_descale)
