@@ -14,8 +14,9 @@ def h15_fp64(y: torch.Tensor, lattice_shift: int = 0) -> torch.Tensor:
     return torch.exp2(torch.floor(n / 2)) * (1 + torch.remainder(n, 2) / 2)
 
 
-def closed_form_attention(q, k, v, causal, *, weights, edit_p=None, score_noise=0.0):
-    """out = P @ V in fp64 with P = weights(x - rowmax) normalised; lse consistent with that P."""
+def fp64_scores(q, k, v, causal, score_noise=0.0):
+    """(x, v64): the log2-domain scores q k^T / sqrt(d) * log2(e) in fp64, (batch, heads_q, seqlen_q, seqlen_k), with
+    bottom-right causal masking as -inf, and V in fp64 with its heads repeated for GQA, (batch, heads_q, keys, d)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     group = heads_q // heads_k
@@ -31,6 +32,12 @@ def closed_form_attention(q, k, v, causal, *, weights, edit_p=None, score_noise=
         rows = torch.arange(seqlen_q).unsqueeze(1)
         cols = torch.arange(seqlen_k).unsqueeze(0)
         x = x.masked_fill(cols > rows + seqlen_k - seqlen_q, -math.inf)
+    return x, v64
+
+
+def closed_form_attention(q, k, v, causal, *, weights, edit_p=None, score_noise=0.0):
+    """out = P @ V in fp64 with P = weights(x - rowmax) normalised; lse consistent with that P."""
+    x, v64 = fp64_scores(q, k, v, causal, score_noise)
     m = x.amax(dim=-1, keepdim=True)
     w = torch.where(x == -math.inf, 0.0, weights(x - m))
     if edit_p is not None:

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 from helpers_emulation import one_thread  # noqa: F401 (a fixture)
-from helpers_gates import OneOctaveOffBackend
+from helpers_gates import OneOctaveOffBackend, fp64_scores
 
 import fa4_rowmax.__main__ as main_job
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
@@ -34,17 +34,7 @@ def _reference(mode: str):
 
 
 def _kernel_model(q, k, v, causal, *, lattice_shift=0, byte4=True, edit_p=None, row_sum=None):
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_k = k.shape[1], k.shape[2]
-    group = heads_q // heads_k
-    q64 = q.double().permute(0, 2, 1, 3)
-    k64 = k.double().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
-    v64 = v.double().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
-    x = q64 @ k64.transpose(-1, -2) * head_dim**-0.5 * math.log2(math.e)
-    if causal:
-        rows = torch.arange(seqlen_q).unsqueeze(1)
-        cols = torch.arange(seqlen_k).unsqueeze(0)
-        x = x.masked_fill(cols > rows + seqlen_k - seqlen_q, -math.inf)
+    x, v64 = fp64_scores(q, k, v, causal)
     m = x.amax(dim=-1, keepdim=True)
     n = torch.round(2 * (x - m + FP8_MAX_OFFSET)) + lattice_shift  # half-octave index, ties to even
     n = n.nan_to_num(nan=-1e9, neginf=-1e9)  # masked and empty rows: far below the flush
