@@ -13,8 +13,9 @@ The one switch is `backend`:
 - `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
   for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `fa4_rowmax.interface.rowmax_attn_func` for the
   SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); the SM90 FP8 forward
-  `fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90` for the FP8 modes (`exact_fp8`, `rowmax_h15_fp8` and their `_ksmooth`
-  twins: Notes [FP8 modes in the study], [K smoothing for FP8]); each `ModeSpec` carries its own kernel factory,
+  `fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90` for the FP8 modes (`exact_fp8`, `rowmax_h15_fp8`, their `_ksmooth`
+  twins and those twins' single-level `_single_acc` kernels: Notes [FP8 modes in the study], [K smoothing for
+  FP8], [P.V accumulation in the study]); each `ModeSpec` carries its own kernel factory,
   so `aiter_fused.hf` brings the Fused-Softmax kernel. Registered under `"kernel_" + mode`. Asking for a mode
   that has no kernel, or for kernels without CUDA, raises: a kernel name never silently runs the simulator.
 
@@ -29,7 +30,7 @@ layout; the reference and FA4 handle `Hq % Hkv == 0` themselves.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -59,6 +60,20 @@ KERNEL_PREFIX = "kernel_"
 # offset on every score of a row), and e4m3 rounds that offset per key (step 32 between 256 and 448), which is
 # where the FP8 and MX operands' cost comes from (docs/quality_notes.md section 5). The mean is over the keys of
 # one attention call; the study scores whole blocks without padding, so every key is a real token.
+#
+# Note [P.V accumulation in the study]
+# Every FP8 mode names its kernel's `pv_accumulation` (Note [Two-level P.V accumulation]) instead of taking the
+# default: `exact_fp8`, `rowmax_h15_fp8` and their `_ksmooth` twins run two-level, the `*_ksmooth_single_acc`
+# twins single-level (the running O as the FP8 MMA's accumulator). The reference has no such knob: its P.V sums
+# in fp32, which is what two-level promises, so a single-level twin has the same reference config as its
+# two-level twin, and its kernel-minus-simulator gap is the accumulator's cost.
+# The simulator runs at the kernel's tile_n for the call's head dim and mask (Note [Tuned defaults] picks it per
+# call, and only for two-level; `simulator_config`): the per-tile running max, which anchors P's e4m3 rounding
+# and H15's lattice, moves at tile boundaries, so a reference at another tile would compute a different function.
+# Where two twins' simulators are one function (same config and tile) the study scores it once (study.py,
+# Note [One simulator for twins]). One difference stays:
+# with row_sum="mma" (the tuned exact twin at head dim 128) the kernel's row sum adds P after its e4m3 rounding,
+# the reference's before.
 E4M3_MAX = 448.0
 E4M3_TINY = 2.0**-6  # smallest normal
 
@@ -137,8 +152,27 @@ def _fp8_sm90_kernel(spec: ModeSpec):
     return call
 
 
-def _fp8_mode(name: str, description: str, softmax_mode: str, k_smoothing: bool = False, **knobs) -> ModeSpec:
-    """An FP8 mode: e4m3 inputs and P with FA4's FP8 max_offset, one set of knobs for reference and kernel."""
+def simulator_config(spec: ModeSpec, layer_idx: int, num_layers: int, head_dim: int, causal: bool) -> SoftmaxConfig:
+    """The reference's config for `spec` in this layer; for an FP8 mode at the tile_n its kernel compiles for this
+    head dim and mask (Note [P.V accumulation in the study])."""
+    config = spec.config(layer_idx, num_layers)
+    if spec.kernel != "fp8_sm90":
+        return config
+    from fa4_rowmax.fp8_sm90 import call_stage
+
+    return replace(config, tile_n=call_stage(head_dim=head_dim, causal=causal, **spec.kernel_kwargs).tile_n)
+
+
+def _fp8_mode(
+    name: str,
+    description: str,
+    softmax_mode: str,
+    k_smoothing: bool = False,
+    pv_accumulation: str = "two_level",
+    **knobs,
+) -> ModeSpec:
+    """An FP8 mode: e4m3 inputs and P with FA4's FP8 max_offset, one set of knobs for reference and kernel, and the
+    kernel's `pv_accumulation` (Note [P.V accumulation in the study])."""
     config_fields = {
         "mode": softmax_mode,
         "anchor": "tile",
@@ -151,7 +185,7 @@ def _fp8_mode(name: str, description: str, softmax_mode: str, k_smoothing: bool 
         description,
         config_fields,
         "fp8_sm90",
-        {"softmax_mode": softmax_mode, **knobs},
+        {"softmax_mode": softmax_mode, "pv_accumulation": pv_accumulation, **knobs},
         kernel_factory=_fp8_sm90_kernel,
         fp8_inputs=True,
         fp8_k_smoothing=k_smoothing,
@@ -242,6 +276,21 @@ def _mode_table() -> dict[str, ModeSpec]:
             k_smoothing=True,
             rescale_threshold=0.0,
         ),
+        _fp8_mode(
+            "exact_fp8_ksmooth_single_acc",
+            "exact_fp8_ksmooth through the single-level kernel (O as the FP8 MMA's accumulator)",
+            "exact",
+            k_smoothing=True,
+            pv_accumulation="single",
+        ),
+        _fp8_mode(
+            "rowmax_h15_fp8_ksmooth_single_acc",
+            "rowmax_h15_fp8_ksmooth through the single-level kernel (O as the FP8 MMA's accumulator)",
+            "rowmax_h15",
+            k_smoothing=True,
+            pv_accumulation="single",
+            rescale_threshold=0.0,
+        ),
     ]
     specs += [
         ModeSpec(
@@ -322,7 +371,8 @@ def attach(model: torch.nn.Module, *, reference_input_dtype: torch.dtype | None 
     """Give every attention module of `model` one shared `AttentionRunState`; returns it."""
     if reference_input_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(
-            f"reference_input_dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got {reference_input_dtype}"
+            "reference_input_dtype must be None, torch.float32, torch.bfloat16 or torch.float16, "
+            f"got {reference_input_dtype}"
         )
     state = AttentionRunState(reference_input_dtype=reference_input_dtype)
     attention_modules = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
@@ -380,7 +430,7 @@ def _reference_backend(spec: ModeSpec):
     from fa4_rowmax.reference.attention import attention_reference
 
     def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
-        config = spec.config(module.layer_idx, module.config.num_hidden_layers)
+        config = simulator_config(spec, module.layer_idx, module.config.num_hidden_layers, q.shape[-1], causal)
         in_dtype = state.reference_input_dtype if state is not None else None
         out_dtype = q.dtype
         if in_dtype is not None:

@@ -1,6 +1,8 @@
 """The FP8 modes of the quality study (fa4_rowmax/hf.py, Note [FP8 modes in the study]): e4m3 inputs and P through
 the reference, the SM90 FP8 kernel as their kernel."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers_hf import logits, tiny_llama
@@ -10,7 +12,14 @@ from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.reference.attention import attention_reference
 
 E4M3 = torch.float8_e4m3fn
-FP8_MODES = ("exact_fp8", "rowmax_h15_fp8", "exact_fp8_ksmooth", "rowmax_h15_fp8_ksmooth")
+FP8_MODES = (
+    "exact_fp8",
+    "rowmax_h15_fp8",
+    "exact_fp8_ksmooth",
+    "rowmax_h15_fp8_ksmooth",
+    "exact_fp8_ksmooth_single_acc",
+    "rowmax_h15_fp8_ksmooth_single_acc",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -23,6 +32,45 @@ def test_ksmooth_modes_are_their_twins_plus_the_smoothing():
         plain, smoothed = hf.MODES[name], hf.MODES[name + "_ksmooth"]
         assert smoothed.config(0, 1) == plain.config(0, 1) and smoothed.kernel_kwargs == plain.kernel_kwargs
         assert smoothed.fp8_k_smoothing and not plain.fp8_k_smoothing and smoothed.kernel == plain.kernel
+
+
+def test_single_level_twins_differ_from_their_modes_in_the_kernels_accumulation_only():
+    # Note [P.V accumulation in the study]: same reference config and inputs, the kernel's pv_accumulation apart;
+    # every FP8 mode names it, so a change of the kernel's default changes no mode of the study.
+    from fa4_rowmax.fp8_sm90 import call_stage
+
+    for name in ("exact_fp8_ksmooth", "rowmax_h15_fp8_ksmooth"):
+        two_level, single = hf.MODES[name], hf.MODES[name + "_single_acc"]
+        assert single.config_fields == two_level.config_fields and single.fp8_k_smoothing and single.fp8_inputs
+        assert {**single.kernel_kwargs, "pv_accumulation": "two_level"} == two_level.kernel_kwargs
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                # the stage flash_attn_fp8_sm90(**kernel_kwargs) compiles for this call (the factory passes them)
+                assert call_stage(head_dim=head_dim, causal=causal, **two_level.kernel_kwargs).pv_accumulation == (
+                    "two_level"
+                )
+                assert call_stage(head_dim=head_dim, causal=causal, **single.kernel_kwargs).pv_accumulation == "single"
+    for name in FP8_MODES:
+        assert hf.MODES[name].kernel_kwargs["pv_accumulation"] == (
+            "single" if name.endswith("_single_acc") else "two_level"
+        )
+
+
+def test_fp8_simulator_runs_at_the_kernels_tile():
+    # Note [P.V accumulation in the study]: the tuned two-level H15 kernel at head dim 64 runs 192-key tiles
+    # (Note [Tuned defaults]), the single-level one the stage default of 128; the exact twin at head dim 64 causal
+    # 128 in both. The simulator's config follows; modes without the FP8 kernel keep their own tile.
+    from fa4_rowmax.config import STAGE_KNOBS
+    from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS
+
+    default = STAGE_KNOBS["tile_n"].default
+    h15, h15_single = hf.MODES["rowmax_h15_fp8_ksmooth"], hf.MODES["rowmax_h15_fp8_ksmooth_single_acc"]
+    assert hf.simulator_config(h15, 0, 2, 64, True).tile_n == TUNED_DEFAULTS[("rowmax_h15", 64, True)]["tile_n"]
+    assert hf.simulator_config(h15_single, 0, 2, 64, True).tile_n == default != 192
+    assert hf.simulator_config(hf.MODES["exact_fp8_ksmooth"], 0, 2, 64, True).tile_n == default
+    assert hf.simulator_config(hf.MODES["exact_fp8_ksmooth"], 0, 2, 128, True).tile_n == 192
+    bf16p = hf.MODES["exact_bf16p"]
+    assert hf.simulator_config(bf16p, 0, 2, 64, True) == bf16p.config(0, 2)
 
 
 def test_k_smoothing_is_exact_and_removes_a_constant_k_offset():
@@ -70,8 +118,11 @@ def test_fp8_modes_are_the_kernels_semantics():
         spec = hf.MODES[name]
         assert spec.kernel == "fp8_sm90" and spec.fp8_inputs and spec.kernel_factory is not None
         kwargs = dict(spec.kernel_kwargs)
-        stage = resolve_stage(kwargs.pop("softmax_mode"), kwargs.pop("rescale_threshold", None), None, False)
-        assert not kwargs
+        accumulation = kwargs.pop("pv_accumulation")
+        stage = resolve_stage(
+            kwargs.pop("softmax_mode"), kwargs.pop("rescale_threshold", None), None, False, pv_accumulation=accumulation
+        )
+        assert not kwargs and stage.pv_accumulation == accumulation
         config = spec.config(0, 1)
         assert (stage.mode, stage.rescale_threshold, stage.anchor_rounding) == (
             config.mode,
@@ -98,8 +149,12 @@ def test_fp8_mode_runs_the_reference_on_e4m3_inputs(mode):
     if hf.MODES[mode].fp8_k_smoothing:
         k8 = hf.smooth_k(k8)
     q8, k8, v8 = (t.to(E4M3) for t in (q8, k8, v8))
-    expected, _ = attention_reference(q8, k8, v8, hf.MODES[mode].config(0, 1), causal=True, softmax_scale=0.125)
+    config = hf.simulator_config(hf.MODES[mode], 0, 1, 64, True)
+    expected, _ = attention_reference(q8, k8, v8, config, causal=True, softmax_scale=0.125)
     assert torch.equal(got, expected.float())  # both (batch, seqlen, heads, head_dim)
+    if config.tile_n != 128:  # 200 keys: a tile of 128 splits the rows' keys elsewhere, and H15's lattice moves
+        at_128, _ = attention_reference(q8, k8, v8, replace(config, tile_n=128), causal=True, softmax_scale=0.125)
+        assert not torch.equal(got, at_128.float())
     exact, _ = hf.make_attention_function("exact_ref")(module, q, k, v, None, scaling=0.125)
     assert not torch.equal(got, exact)
     assert state.tally.totals["fp8_saturated"] == 0
