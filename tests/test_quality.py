@@ -44,6 +44,16 @@ def test_summarize_turns_delta_nll_into_perplexity_change():
     assert summary["kl_nats"] == pytest.approx(0.002)
 
 
+def test_mean_kl_in_chunks_is_the_whole_sum(monkeypatch):
+    # Note in mean_kl: positions in chunks of KL_CHUNK_POSITIONS, each position's KL a sum over its own row.
+    exact, approx = (torch.log_softmax(torch.randn(7, 13), -1) for _ in range(2))
+    whole = float((exact.exp() * (exact - approx)).sum(-1).double().mean())
+    scores = [stats.BlockScores(p, torch.zeros(7), torch.zeros(7)) for p in (exact, approx)]
+    assert stats.KL_CHUNK_POSITIONS >= 2048  # a 2K-token block (2,047 positions) in one chunk
+    monkeypatch.setattr(stats, "KL_CHUNK_POSITIONS", 3)  # chunks of 3, 3 and 1
+    assert stats.mean_kl(*scores) == whole
+
+
 def test_mean_kl():
     logits = torch.randn(5, 11)
     exact = stats.BlockScores(torch.log_softmax(logits, -1), torch.zeros(5), torch.zeros(5))
@@ -251,6 +261,12 @@ def test_more_blocks_than_the_text_holds_exit_2(capsys, tmp_path):
     assert "--blocks 32 --block-size 64: num_blocks must be in [1, 31]" in err
 
 
+def test_blocks_longer_than_the_models_positions_exit_2(capsys, tmp_path):
+    cache = _tiny_cache(tmp_path)  # LlamaConfig's max_position_embeddings: 2048
+    err = _usage_error(capsys, cli.main, ["--from-cache", str(cache), "--blocks", "1", "--block-size", "2049"])
+    assert "--block-size: must be at most the model's max_position_embeddings (2048), got 2049" in err
+
+
 def test_paired_difference():
     rng = np.random.default_rng(3)
     runs = {}
@@ -362,6 +378,34 @@ def _tiny_llama(num_tokens: int):
         tie_word_embeddings=True,
     )
     return transformers.LlamaForCausalLM(config).eval(), torch.randint(0, 97, (num_tokens,))
+
+
+def test_twins_with_one_simulator_are_scored_once(monkeypatch):
+    """Note [One simulator for twins]: at head dim 64, causal, the exact FP8 twin's kernels both run 128-key tiles,
+    so its two simulators are scored once per block, with the result a run of its own gives; the H15 twins' kernels
+    run 192 and 128 (Note [P.V accumulation in the study]), so theirs are two runs."""
+    model, tokens = _tiny_llama(512)
+    workload, blocks = Workload(model, tokens, {}), tokens.view(2, 256)
+    runs = [study.Run(f"sim_bf16in_{m}", m, "reference", torch.bfloat16) for m in study.FP8_ACCUMULATION_MODES]
+    stock_score, attentions = stats.score_block, []
+
+    def recorded(model, block, attention):
+        attentions.append(attention)
+        return stock_score(model, block, attention)
+
+    monkeypatch.setattr(study, "score_block", recorded)
+    together = study.run_study(workload, blocks, runs, log=lambda *_: None)["runs"]
+    assert attentions == 2 * [
+        "sdpa",
+        "exact_fp8_ksmooth",
+        "rowmax_h15_fp8_ksmooth",
+        "rowmax_h15_fp8_ksmooth_single_acc",
+    ]
+    alone = study.run_study(workload, blocks, [runs[1]], log=lambda *_: None)["runs"][runs[1].name]
+    for key in ("per_block_delta_nll", "per_block_kl_nats", "per_block_top1_agreement", "counters"):
+        assert together[runs[1].name][key] == together[runs[0].name][key] == alone[key], key
+    h15, h15_single = (together[r.name]["per_block_kl_nats"] for r in runs[2:])
+    assert h15 != h15_single
 
 
 def test_baps_restart_study_reference_reading_lengths_and_budget():

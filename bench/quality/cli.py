@@ -291,6 +291,12 @@ def main(argv=None) -> dict | None:
         export_cache(workload, args.export, getattr(torch, args.export_dtype))
         print(f"exported to {args.export}")
         return None
+    max_positions = getattr(workload.model.config, "max_position_embeddings", None)
+    if max_positions is not None and args.block_size > max_positions:
+        _usage_error(
+            f"argument --block-size: must be at most the model's max_position_embeddings ({max_positions}), "
+            f"got {args.block_size}"
+        )
     workload.model.to(args.device)
     try:
         blocks, indices = cut_blocks(workload.token_ids, args.block_size, args.blocks)
