@@ -1,8 +1,9 @@
 """Host-side dispatch for the FA4 softmax stage: the one place that maps `softmax_mode` + knobs to a kernel.
 
 The patched `flash_attn.cute.flash_attn_func` / `flash_attn_varlen_func` (patches/*.diff) call
-`softmax_stage(...)` with the user's arguments. It returns `None` for stock FA4 (`softmax_mode="exact"` and
-no knob set), which leaves FA4 byte-for-byte unchanged, or a frozen, hashable `SoftmaxStage`. `_flash_attn_fwd`
+`softmax_stage(...)` with the user's arguments (`softmax_mode` None: the process-wide setting, Note [Process-wide
+softmax mode] in process_mode.py). It returns `None` for stock FA4 (`softmax_mode="exact"` and no knob set), which
+leaves FA4 byte-for-byte unchanged, or a frozen, hashable `SoftmaxStage`. `_flash_attn_fwd`
 resolves the stage for the architecture and dtype (`SoftmaxStage.for_kernel`), puts it in the compile-cache
 key and hands it to the kernel, which swaps its `Softmax` / `SoftmaxSm100` for ours
 (`SoftmaxStage.sm90` / `.sm100`). The SM90 FP8 forward (`fa4_rowmax.fp8_sm90`, FA4's SM90 FP8 calls routed
@@ -14,11 +15,12 @@ to it by patch 0001) takes the same stage through the same two steps, so a knob'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
 
+from fa4_rowmax import process_mode
 from fa4_rowmax.config import (
     FP8_MAX_OFFSET,
     FP8_SM90_MODES,
@@ -94,14 +96,24 @@ def refuse_untested_features(features: dict, *, where: str, accepted: str, teste
         )
 
 
-def check_features(mode: str, features: dict) -> None:
-    """The features a softmax stage refuses (Note [Features allowed with a softmax stage])."""
+def check_features(mode: str, features: dict, *, source: Optional[str] = None) -> None:
+    """The features a softmax stage refuses (Note [Features allowed with a softmax stage]); `source` names where
+    a process-wide mode comes from (Note [Process-wide softmax mode])."""
+    accepted = ", or softmax_mode='exact' with rescale_threshold=None and beta=None (stock FA4, every feature)"
+    if source is not None:
+        accepted += f": {process_mode.remedy(source)}"
     refuse_untested_features(
         features,
-        where=f"with softmax_mode={mode!r} and its knobs",
+        where=f"with {_described('softmax_mode', mode, source)} and its knobs",
         tested=FEATURES_TESTED,
-        accepted=", or softmax_mode='exact' with rescale_threshold=None and beta=None (stock FA4, every feature)",
+        accepted=accepted,
     )
+
+
+def _described(argument: str, value, source: Optional[str]) -> str:
+    """`argument=value`, and where a process-wide value comes from ("softmax_mode='rowmax_h15' from
+    FA4_ROWMAX_SOFTMAX_MODE")."""
+    return f"{argument}={value!r}" + ("" if source is None else f" from {source}")
 
 
 def _log2_dtype_max(q_dtype: torch.dtype) -> float:
@@ -166,6 +178,19 @@ class SoftmaxStage:
     max_offset: int = 0
     threshold_from_fa4: bool = False  # rescale_threshold was None: FA4's default, checked at trace time
     has_descale: bool = False  # SM90 FP8: q/k/v descales given (Note [Descales], stage/softmax_sm90_fp8.py)
+    # (argument, source) for each argument taken from the process setting (Note [Process-wide softmax mode]): for
+    # the errors only, so a stage from the environment equals (and compiles as) the explicit one.
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+
+    def source(self, argument: str) -> Optional[str]:
+        """The variable or scope `argument` came from, None when the call passed it (or left it at its default)."""
+        return dict(self.sources).get(argument)
+
+    def described(self, argument: str) -> str:
+        """`argument=value` and its source, for an error."""
+        return _described(
+            argument, getattr(self, "mode" if argument == "softmax_mode" else argument), self.source(argument)
+        )
 
     @property
     def kernel(self) -> str:
@@ -185,11 +210,13 @@ class SoftmaxStage:
                 f"float or str; got {arch!r} ({type(arch).__name__})"
             )
         family = arch // 10
+        source = self.source("softmax_mode")
         if family not in (9, 10, 11):
             raise ValueError(
-                f"softmax_mode={self.mode!r} with rescale_threshold/beta needs an SM90 or SM100-family GPU "
+                f"{self.described('softmax_mode')} with rescale_threshold/beta needs an SM90 or SM100-family GPU "
                 f"(arch 90, 100, 103, 110); got arch {arch}. Accepted on other GPUs: softmax_mode='exact' "
-                "with rescale_threshold=None and beta=None."
+                "with rescale_threshold=None and beta=None"
+                + ("." if source is None else f" ({process_mode.remedy(source)}).")
             )
         log2_p_max = _log2_dtype_max(q_dtype)
         features = features or {}
@@ -202,7 +229,7 @@ class SoftmaxStage:
                 tested=FP8_SM90_FEATURES_TESTED,
             )
         else:
-            check_features(self.mode, features)
+            check_features(self.mode, features, source=source)
         for name, knob in STAGE_KNOBS.items():
             if getattr(self, name) != knob.default and kernel not in knob.kernels:
                 raise ValueError(
@@ -228,8 +255,8 @@ class SoftmaxStage:
             threshold,
             max_offset,
             log2_p_max,
-            name="rescale_threshold",
-            where=f"softmax_mode={self.mode!r} with {q_dtype} inputs",
+            name=self.source("rescale_threshold") or "rescale_threshold",
+            where=f"{self.described('softmax_mode')} with {q_dtype} inputs",
         )
         has_descale = any(features.get(name) is not None for name in ("q_descale", "k_descale", "v_descale"))
         return replace(
@@ -315,13 +342,18 @@ def _fp8_sm90_beta(stage: SoftmaxStage) -> Optional[float]:
     share in (0, 1] and maps 0 to None (the unchanged kernel: one stage, one compile key, one SASS); rowmax_h15
     takes None or 1.0 (its weights use no MUFU at all), both None."""
     if stage.mode not in FP8_SM90_MODES:
-        raise ValueError(f"softmax_mode must be one of {FP8_SM90_MODES} on the SM90 FP8 path, got {stage.mode!r}")
+        source = stage.source("softmax_mode")
+        raise ValueError(
+            f"softmax_mode must be one of {FP8_SM90_MODES} on the SM90 FP8 path, got {stage.described('softmax_mode')}"
+            + ("" if source is None else f"; {process_mode.remedy(source)}")
+        )
     if stage.beta is None:
         return None
     if stage.mode == "rowmax_h15":
         if stage.beta != 1.0:
             raise ValueError(
-                f"beta must be None or 1.0 with softmax_mode='rowmax_h15' on the SM90 FP8 path, got {stage.beta!r}: "
+                f"beta must be None or 1.0 with softmax_mode='rowmax_h15' on the SM90 FP8 path, got "
+                f"{stage.described('beta')}: "
                 "every H15 weight is built by integer ops off the MUFU (Note [H15 e4m3 bytes by integer ops]), so "
                 "there is no MUFU share to choose"
             )
@@ -330,14 +362,15 @@ def _fp8_sm90_beta(stage: SoftmaxStage) -> Optional[float]:
 
 
 def softmax_stage(
-    softmax_mode: str = "exact",
+    softmax_mode: Optional[str] = "exact",
     rescale_threshold: Optional[float] = None,
     beta: Optional[float] = None,
     *,
     requires_grad: bool = False,
     **knobs,
 ) -> Optional[SoftmaxStage]:
-    """Validate the user's softmax arguments; `None` means stock FA4 (every knob at its default).
+    """Validate the user's softmax arguments; `None` means stock FA4 (every knob at its default). `softmax_mode`
+    None takes the process-wide setting, else "exact" (the patched FA4's default; Note [Process-wide softmax mode]).
 
     `knobs` are config.STAGE_KNOBS by name (keyword-only; anchor_rounding and rescale_vote are the SM90 levers,
     which the patched `flash_attn_func` does not take: use `rowmax_attn_func`; row_sum, clamp, exp2_deleted and
@@ -347,6 +380,9 @@ def softmax_stage(
     Raises TypeError/ValueError naming the argument and the accepted values. An approximate mode is
     forward-only (FA4's backward recomputes P with exact exp2), so `requires_grad=True` raises.
     """
+    sources: tuple[tuple[str, str], ...] = ()
+    if softmax_mode is None:
+        softmax_mode, rescale_threshold, beta, sources = process_mode.resolve(rescale_threshold, beta)
     if not isinstance(softmax_mode, str):
         raise TypeError(f"softmax_mode must be a str, one of {KERNEL_MODES}; got {type(softmax_mode).__name__}")
     if softmax_mode not in KERNEL_MODES:
@@ -379,17 +415,18 @@ def softmax_stage(
         raise ValueError(
             f"beta must be None with exp2_deleted=True, got {beta!r}: the probe computes no exp2 to move off the MUFU"
         )
+    mode_source = dict(sources).get("softmax_mode")
     if softmax_mode in APPROXIMATE_MODES and requires_grad:
         raise ValueError(
-            f"softmax_mode={softmax_mode!r} is forward-only: FA4's backward recomputes P with exact exp2, "
-            "so gradients would not match this forward. Run it under torch.no_grad() / "
+            f"{_described('softmax_mode', softmax_mode, mode_source)} is forward-only: FA4's backward recomputes P "
+            "with exact exp2, so gradients would not match this forward. Run it under torch.no_grad() / "
             "torch.inference_mode() or on inputs that do not require grad; accepted with gradients: "
-            "softmax_mode='exact'"
+            "softmax_mode='exact'" + ("" if mode_source is None else f" ({process_mode.remedy(mode_source)})")
         )
     stock = all(value == STAGE_KNOBS[name].default for name, value in knobs.items())
     if softmax_mode == "exact" and rescale_threshold is None and beta is None and stock:
         return None
-    return SoftmaxStage(mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta, **knobs)
+    return SoftmaxStage(mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta, sources=sources, **knobs)
 
 
 def rowmax_attn_func(
