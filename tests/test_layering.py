@@ -39,6 +39,7 @@ FA4_ROWMAX_FLOORS = {
     "fp8_sm90": 2,
     "patched_wheel": 2,
     "hf": 3,
+    "hf_paged": 3,
     "__main__": 3,
     "testing": 4,
 }
