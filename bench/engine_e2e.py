@@ -149,6 +149,16 @@ def qwen_workload(assets_dir: Path, count: int, shortest: int, longest: int, see
     return model, prompts, provenance
 
 
+def to_device(model, device: str, dtype: torch.dtype):
+    """The model in `dtype` on `device`, RoPE's inverse frequencies kept in fp32: a BF16 cast of them (model.to casts
+    buffers too) shifts the rotary phase of late positions by up to ~2^-9 of the position, radians."""
+    rotary = {m: (m.inv_freq.clone(), m.original_inv_freq.clone()) for m in model.modules() if hasattr(m, "inv_freq")}
+    model = model.to(device=device, dtype=dtype)
+    for module, (inv_freq, original) in rotary.items():
+        module.inv_freq, module.original_inv_freq = inv_freq.to(device), original.to(device)
+    return model
+
+
 def batching_config(prompts, max_new_tokens: int, max_batch_tokens: int, block_size: int):
     """Room for every sequence at once (no eviction), no CUDA graphs, no decode fast path, no async double buffer."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -254,7 +264,7 @@ def run(args) -> dict:
             args.assets_dir, args.prompts, args.min_prompt, args.max_prompt, args.seed
         )
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = model.to(device=args.device, dtype=dtype)
+    model = to_device(model, args.device, dtype)
     thresholds = {"exact": None, "rowmax_h15": args.rescale_threshold}
     attentions = {mode: hf_paged.register(mode, thresholds[mode], backend) for mode in MODES}
     generation = GenerationConfig(

@@ -202,3 +202,16 @@ def test_engine_benchmark_refuses_missing_assets_and_cuda(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert engine_e2e.main(["--tiny", "--device", "cuda", "--out", str(tmp_path)]) == 2
         assert "CUDA" in capsys.readouterr().err
+
+
+def test_engine_benchmark_prompts_are_text_windows_off_the_grid():
+    lengths = engine_e2e.prompt_lengths(24, 100, 3000)
+    assert lengths[0] == 100 and lengths[-1] == 3000 and lengths == sorted(lengths)
+    assert all(n % engine_e2e.LENGTH_GRID for n in lengths)
+    token_ids = torch.arange(10_000)
+    windows = engine_e2e.text_prompts(token_ids, lengths, seed=0)
+    assert sorted(len(w) for w in windows) == lengths and [len(w) for w in windows] != lengths
+    assert all(w == list(range(w[0], w[0] + len(w))) for w in windows)
+    assert min(w[0] for w in windows) == 0 and max(w[-1] for w in windows) == 9_999
+    with pytest.raises(ValueError, match="fewer than the longest prompt"):
+        engine_e2e.text_prompts(torch.arange(50), lengths, seed=0)
