@@ -14,6 +14,7 @@ For engines that call `flash_attn.cute.flash_attn_func` / `flash_attn_varlen_fun
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -77,19 +78,24 @@ class ProcessMode:
         )
 
 
-def _checked_mode(name: str, value) -> str:
+def _checked_mode(name: str, value, *, or_unset: bool = False) -> str:
+    accepted = f"one of {KERNEL_MODES}" + (", or unset" if or_unset else "")
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, one of {KERNEL_MODES}; got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} must be a str, {accepted}; got {value!r} ({type(value).__name__})")
     if value not in KERNEL_MODES:
-        raise ValueError(f"{name} must be one of {KERNEL_MODES}; got {value!r}")
+        raise ValueError(f"{name} must be {accepted}; got {value!r}")
     return value
 
 
-def _number(variable: str, text: str, accepted: str) -> float:
+def _number(variable: str, text: str, high: float, accepted: str) -> float:
+    """The variable's text as a finite float in [0, high], else ValueError naming it and showing the text."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"{variable} must be {accepted}, or unset; got {text!r}") from None
+        value = math.nan
+    if not (math.isfinite(value) and 0.0 <= value <= high):
+        raise ValueError(f"{variable} must be {accepted}, or unset; got {text!r}")
+    return value
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> Optional[ProcessMode]:
@@ -104,17 +110,12 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Optional[Proces
                 f"(exact with a knob: {mode_variable}=exact), or unset {' and '.join(knobs)}"
             )
         return None
-    mode = _checked_mode(f"{mode_variable} (or unset)", raw["softmax_mode"])
+    mode = _checked_mode(mode_variable, raw["softmax_mode"], or_unset=True)
     threshold, beta = raw["rescale_threshold"], raw["beta"]
     if threshold is not None:
-        variable = VARIABLES["rescale_threshold"]
-        accepted = f"{THRESHOLD_ACCEPTED}, or unset"
-        threshold = check_real(variable, _number(variable, threshold, THRESHOLD_ACCEPTED), 0.0, accepted=accepted)
+        threshold = _number(VARIABLES["rescale_threshold"], threshold, math.inf, THRESHOLD_ACCEPTED)
     if beta is not None:
-        variable = VARIABLES["beta"]
-        beta = check_real(
-            variable, _number(variable, beta, BETA_ACCEPTED), 0.0, 1.0, accepted=f"{BETA_ACCEPTED}, or unset"
-        )
+        beta = _number(VARIABLES["beta"], beta, 1.0, BETA_ACCEPTED)
     return ProcessMode(mode, threshold, beta, from_environment=True)
 
 
