@@ -39,8 +39,9 @@ A step is a prefill step when any sequence in it has more than one query (`max_s
 registered mode for every sequence of the step, including a decoding sequence that transformers scheduled into
 the same step (continuous batching mixes them; splitting a step in two calls would cost a host sync per layer).
 A step with one query per sequence is a decode step and runs stock FA4 (`softmax_mode="exact"`, no knobs: the
-same bits as unpatched FA4): one query row per sequence is memory-bound, and a cheaper exponential gains
-nothing there. `steps` counts both kinds (at layer 0) so a run can report how its tokens were produced.
+same bits as unpatched FA4; passed explicitly, so a process-wide mode (FA4_ROWMAX_SOFTMAX_MODE) cannot reach it):
+one query row per sequence is memory-bound, and a cheaper exponential gains nothing there. `steps` counts both
+kinds (at layer 0) so a run can report how its tokens were produced.
 
 Note [No CUDA graphs]
 The reference syncs with the host (its per-sequence lengths), and FA4 under a captured graph is untested here, so
@@ -58,7 +59,9 @@ from fa4_rowmax.config import KERNEL_MODES, SoftmaxConfig, check_real
 
 BACKENDS = ("kernel", "reference")
 NAME_PREFIX = "paged|fa4_"
-DECODE_MODE = "exact"
+# Decode steps, and every step of mode "exact" without a threshold: stock FA4, named explicitly (Note [Prefill and
+# decode steps]).
+STOCK_KNOBS = {"softmax_mode": "exact"}
 
 
 def attention_name(mode: str, rescale_threshold: float | None = None, backend: str = "kernel") -> str:
@@ -77,7 +80,7 @@ class StepCounts:
 
 
 def fa4_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, knobs: dict) -> torch.Tensor:
-    """The patched FA4 varlen forward, causal; `knobs` are its softmax arguments (empty: stock FA4)."""
+    """The patched FA4 varlen forward, causal; `knobs` are its softmax arguments (`STOCK_KNOBS`: stock FA4)."""
     from flash_attn.cute import flash_attn_varlen_func
 
     if q.device.type != "cuda" or q.dtype not in (torch.bfloat16, torch.float16):
@@ -104,7 +107,7 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     exact64 = q.dtype == torch.float64
     config = SoftmaxConfig(
-        mode=knobs.get("softmax_mode", "exact"),
+        mode=knobs["softmax_mode"],
         rescale_threshold=knobs.get("rescale_threshold", 0.0),
         p_dtype=torch.float64 if exact64 else None,
     )
@@ -197,7 +200,7 @@ class PagedAttention:
                 self.steps.prefill += 1
             else:
                 self.steps.decode += 1
-        knobs = self.knobs if prefill else {}
+        knobs = self.knobs if prefill else STOCK_KNOBS
         out = self.attend(q, k.contiguous(), v.contiguous(), cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, knobs)
         return out, None
 
@@ -211,7 +214,7 @@ def make_paged_attention(
         raise ValueError(f"mode must be one of {KERNEL_MODES}, got {mode!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    knobs = {} if mode == DECODE_MODE and rescale_threshold is None else {"softmax_mode": mode}
+    knobs = {"softmax_mode": mode}
     if rescale_threshold is not None:
         knobs["rescale_threshold"] = check_real("rescale_threshold", rescale_threshold, 0.0)
     if backend == "kernel" and not torch.cuda.is_available():
