@@ -234,6 +234,8 @@ def markdown(result: dict) -> str:
         f"of {min(s['prompt_lengths'])}-{max(s['prompt_lengths'])} tokens, {s['max_new_tokens']} new tokens each, "
         f"greedy; {s['device_name']}; torch {s['torch']}",
         "",
+        f"`{s['command']}`",
+        "",
         "| prefill mode | tokens/s (median) | tokens identical to exact | prompts identical | first divergence "
         "(median, diverging prompts) | perplexity under exact |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -317,8 +319,9 @@ def run(args) -> dict:
         "transformers": transformers.__version__,
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "CPU",
         "command": "python3 -m bench.engine_e2e " + " ".join(args.argv),
+        "fp8": "not run: hf_paged has no FP8 mode (Note [What the engine run measures])",
     }
-    return {"settings": settings, "environment": env_info.collect({}), "modes": modes}
+    return {**env_info.collect(settings), "modes": modes}
 
 
 def main(argv=None) -> int:
