@@ -380,6 +380,30 @@ def _tiny_llama(num_tokens: int):
     return transformers.LlamaForCausalLM(config).eval(), torch.randint(0, 97, (num_tokens,))
 
 
+def test_baseline_in_query_chunks_is_sdpa(monkeypatch):
+    """Note [Baseline in query chunks]: up to WHOLE_BLOCK_MAX_TOKENS the baseline is transformers' sdpa bit for bit;
+    past it, chunks of rows with the causal mask bottom-right aligned give sdpa's logits to float32 rounding (sums
+    of <= 300 products per score and output through 2 layers: relative 2^-24 * 300 * a few; a misaligned mask or
+    a chunk that drops keys moves the logits by O(1)). A padding mask past the limit is refused."""
+    from bench.quality import baseline
+
+    model, tokens = _tiny_llama(300)
+    name = baseline.register()
+    whole, chunked_here = stats.score_block(model, tokens, "sdpa"), stats.score_block(model, tokens, name)
+    assert torch.equal(whole.log_probs, chunked_here.log_probs)
+    monkeypatch.setattr(baseline, "WHOLE_BLOCK_MAX_TOKENS", 64)
+    monkeypatch.setattr(baseline, "QUERY_CHUNK", 112)  # chunks of 112, 112 and 76 rows
+    chunked = stats.score_block(model, tokens, name)
+    torch.testing.assert_close(chunked.log_probs, whole.log_probs, rtol=0, atol=1e-4)
+    assert torch.equal(chunked.top1, whole.top1)
+    model.set_attn_implementation(name)
+    with pytest.raises(ValueError, match="attention_mask set"):
+        model(
+            input_ids=tokens[None],
+            attention_mask=torch.ones(1, 300, dtype=torch.long).index_fill_(1, torch.tensor([0]), 0),
+        )
+
+
 def test_twins_with_one_simulator_are_scored_once(monkeypatch):
     """Note [One simulator for twins]: at head dim 64, causal, the exact FP8 twin's kernels both run 128-key tiles,
     so its two simulators are scored once per block, with the result a run of its own gives; the H15 twins' kernels
@@ -396,7 +420,7 @@ def test_twins_with_one_simulator_are_scored_once(monkeypatch):
     monkeypatch.setattr(study, "score_block", recorded)
     together = study.run_study(workload, blocks, runs, log=lambda *_: None)["runs"]
     assert attentions == 2 * [
-        "sdpa",
+        "sdpa_query_chunks",
         "exact_fp8_ksmooth",
         "rowmax_h15_fp8_ksmooth",
         "rowmax_h15_fp8_ksmooth_single_acc",

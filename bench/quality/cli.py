@@ -19,7 +19,7 @@ import torch
 
 import bench.quality
 from aiter_fused import hf as fused_hf
-from bench.quality import assets, models
+from bench.quality import assets, baseline, models
 from bench.quality.assets import AssetMismatch, MissingAsset
 from bench.quality.baps import BAPS_READING_SETS, BAPS_STUDY_LENGTHS, baps_restart_study
 from bench.quality.report import baps_restart_markdown, markdown_report, write_results
@@ -374,7 +374,12 @@ def main(argv=None) -> dict | None:
             bootstrap_reps=BOOTSTRAP_REPS,
             bootstrap_seed=BOOTSTRAP_SEED,
             block_order_seed=BLOCK_ORDER_SEED,
-            baseline=f"{BASELINE} float32",
+            baseline=f"{BASELINE} float32"
+            + (
+                f", in query chunks of {baseline.QUERY_CHUNK} (Note [Baseline in query chunks])"
+                if args.block_size > baseline.WHOLE_BLOCK_MAX_TOKENS
+                else ""
+            ),
             hybrid_schedule=(
                 f"per layer: MXFP6 in the first and last {fused_hf.HYBRID_EDGE_LAYERS} layers, MXFP4 between "
                 "(Note [Hybrid MX schedule for an LLM] in aiter_fused/hf.py)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.quality import baseline
 from bench.quality.study import BASELINE
 
 
@@ -39,7 +40,13 @@ def markdown_report(report: dict) -> str:
             if meta["num_blocks"] < meta["num_blocks_requested"]
             else ""
         ),
-        f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32, same blocks (paired)",
+        f"- baseline: exact softmax, transformers `{BASELINE}` attention in float32"
+        + (
+            f", in query chunks of {baseline.QUERY_CHUNK} (Note [Baseline in query chunks])"
+            if meta["block_size"] > baseline.WHOLE_BLOCK_MAX_TOKENS
+            else ""
+        )
+        + ", same blocks (paired)",
         f"- 95% intervals: paired block bootstrap, {meta['bootstrap_reps']} replicates, seed {meta['bootstrap_seed']}",
         f"- device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}"
         + (f", gguf {meta['gguf']}" if meta.get("gguf") else "")

@@ -1,7 +1,7 @@
 """The scored study: the modes, the plan of runs, every run scored on every block, a cut run resumed.
 
-`run_study` scores the baseline (exact softmax, transformers' `sdpa` in float32) and every `Run` on the same
-blocks, so every per-block difference is paired (Note [What is reported] in stats.py). The caller hands it
+`run_study` scores the baseline (exact softmax, transformers' `sdpa` in float32: baseline.py) and every `Run` on the
+same blocks, so every per-block difference is paired (Note [What is reported] in stats.py). The caller hands it
 the blocks in one seeded order (BLOCK_ORDER_SEED; cli.py), which is what lets a later session resume a cut
 run.
 """
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from aiter_fused import hf as fused_hf
+from bench.quality import baseline
 from bench.quality.stats import bootstrap_interval, counter_rates, mean_kl, score_block, summarize
 from bench.quality.workload import Workload
 from fa4_rowmax import hf
@@ -195,6 +196,7 @@ def run_study(
     model = workload.model
     for backend in sorted({r.backend for r in runs}):
         hf.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend, table=MODES)
+    baseline_attention = baseline.register()
     state = hf.attach(model)
     identities = {run.name: simulator_identity(run, model) for run in runs}
     per_run, kernel_vs_sim_agree, first_block, baseline_seconds = _resumed_state(runs, previous)
@@ -207,7 +209,7 @@ def run_study(
             log(f"time budget {time_budget_s:.0f} s: stopping after {b} of {len(blocks)} blocks")
             break
         t0 = time.perf_counter()
-        base = score_block(model, block, BASELINE)
+        base = score_block(model, block, baseline_attention)
         base_seconds = time.perf_counter() - t0
         baseline_seconds += base_seconds
         top1_of, scored = {}, {}  # scored: simulator identity -> this block's result (Note [One simulator for twins])
