@@ -591,3 +591,49 @@ def test_resume_continues_a_cut_run_to_the_uncut_result(tmp_path, monkeypatch):
     finished = cli.main([*common, "--out", killed_dir, "--tag", "t", "--resume"])
     for name, run in whole["runs"].items():
         assert finished["runs"][name]["per_block_delta_nll"] == run["per_block_delta_nll"], name
+
+
+def _accumulation_report(block_size: int, single_gap: float, model: str = "tiny") -> dict:
+    """A report of the two exact K-smoothed kernels beside their simulators (study._summarize_runs on set per-block
+    deltas): the two-level kernel equals its simulator, the single-level one is `single_gap` above it."""
+    blocks, sim = 5, [0.01, 0.03, 0.02, 0.05, 0.04]
+    modes = ("exact_fp8_ksmooth", "exact_fp8_ksmooth_single_acc")
+    runs = [
+        r for m in modes for r in (study.Run(f"kernel_{m}", m, "kernel"), study.Run(f"sim_bf16in_{m}", m, "reference"))
+    ]
+    kernel = {modes[0]: sim, modes[1]: [d + single_gap for d in sim]}
+    per_run = {
+        r.name: dict(
+            delta=kernel[r.mode] if r.backend == "kernel" else sim,
+            agree=[1.0] * blocks,
+            kl=[0.0] * blocks,
+            totals={},
+            maxima={},
+            seconds=1.0,
+        )
+        for r in runs
+    }
+    report = study._summarize_runs(runs, per_run, {m: [1.0] * blocks for m in modes}, blocks, 1.0)
+    report["meta"] = dict(model=model, text_sha256="x" * 64, block_size=block_size, num_blocks=blocks)
+    return report
+
+
+def test_lengths_table_orders_by_mode_and_length_and_reads_the_interval(tmp_path, capsys):
+    from bench.quality import report
+
+    reports = [_accumulation_report(32768, 0.02), _accumulation_report(2048, 0.0)]
+    rows = [line.split(" | ") for line in report.lengths_markdown(reports).splitlines() if line.startswith("| exact")]
+    assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
+        ("| exact_fp8_ksmooth", "two_level", "2048", "yes |"),
+        ("| exact_fp8_ksmooth", "two_level", "32768", "yes |"),
+        ("| exact_fp8_ksmooth_single_acc", "single", "2048", "yes |"),
+        ("| exact_fp8_ksmooth_single_acc", "single", "32768", "NO |"),
+    ]
+    assert rows[3][-2] == "+0.02000 [+0.02000, +0.02000]" and rows[3][3] == "5"
+    with pytest.raises(ValueError, match="one model and text"):
+        report.lengths_markdown([reports[0], _accumulation_report(16384, 0.0, model="other")])
+    paths = []
+    for r in reports:
+        paths.append(tmp_path / f"quality_{r['meta']['block_size']}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert report.main([str(p) for p in paths]) == report.lengths_markdown(reports)

@@ -1,12 +1,15 @@
-"""The Markdown of both studies and the files they are written to (`quality_<tag>.json` and `.md`)."""
+"""The Markdown of both studies and the files they are written to (`quality_<tag>.json` and `.md`), and the
+kernel-vs-simulator table over block lengths from several reports (`python -m bench.quality.report JSON...`).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from bench.quality import baseline
-from bench.quality.study import BASELINE
+from bench.quality.study import BASELINE, MODES
 
 
 def _fmt_ci(value: float, ci: list[float], digits: int, scale: float = 1.0) -> str:
@@ -165,3 +168,58 @@ def write_results(out: Path, tag: str, data: dict, markdown: str, echo: bool = T
         tmp.replace(out / name)
     if echo:
         print(markdown)
+
+
+def lengths_markdown(reports: list[dict]) -> str:
+    """One table of every kernel-vs-simulator comparison in `reports` (one report per block length, all of one
+    model and text), by mode and block length: the kernel's and the simulator's delta-NLL against the float32
+    baseline with the perplexity change, and kernel minus simulator with its paired interval."""
+    if not reports:
+        raise ValueError("reports must hold at least one report")
+    identity = [(r["meta"]["model"], r["meta"]["text_sha256"]) for r in reports]
+    if len(set(identity)) != 1:
+        raise ValueError(f"reports must share one model and text, got {sorted(set(identity))}")
+    rows = sorted(
+        (list(MODES).index(mode), r["meta"]["block_size"], mode, r)
+        for r in reports
+        for mode in r["kernel_vs_simulator"]
+    )
+    meta = reports[0]["meta"]
+    lines = [
+        f"Kernel vs simulator by block length: {meta['model']}; text sha256 {meta['text_sha256'][:16]}...; "
+        f"delta-NLL against exact softmax (`{BASELINE}`, float32) on the same blocks, 95% paired block-bootstrap "
+        "intervals.",
+        "",
+        "| mode | P.V accumulation | block tokens | blocks | kernel delta-NLL [95% CI] | kernel PPL change % | "
+        "simulator delta-NLL [95% CI] | kernel - simulator [95% CI] | interval holds 0 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for _, block_size, mode, report in rows:
+        c = report["kernel_vs_simulator"][mode]
+        low_high = c["kernel_minus_sim_ci95"]
+        kernel = report["runs"][f"kernel_{mode}"]
+        lines.append(
+            f"| {mode} | {MODES[mode].kernel_kwargs.get('pv_accumulation', '-')} | {block_size} | "
+            f"{report['meta']['num_blocks']} | {_fmt_ci(c['kernel_delta_nll'], c['kernel_delta_nll_ci95'], 5)} | "
+            f"{kernel['ppl_change_pct']:+.2f} | {_fmt_ci(c['sim_delta_nll'], c['sim_delta_nll_ci95'], 5)} | "
+            f"{_fmt_ci(c['kernel_minus_sim'], low_high, 5)} | {'yes' if low_high[0] <= 0 <= low_high[1] else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.quality.report", description="the kernel-vs-simulator table over block lengths"
+    )
+    parser.add_argument("reports", nargs="+", type=Path, help="quality_<tag>.json files, one per block length")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.reports if not p.is_file()]
+    if missing:
+        parser.error(f"reports: no such file {missing}")
+    table = lengths_markdown([json.loads(p.read_text()) for p in args.reports])
+    print(table, end="")
+    return table
+
+
+if __name__ == "__main__":
+    main()
