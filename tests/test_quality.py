@@ -637,3 +637,33 @@ def test_lengths_table_orders_by_mode_and_length_and_reads_the_interval(tmp_path
         paths.append(tmp_path / f"quality_{r['meta']['block_size']}.json")
         paths[-1].write_text(json.dumps(r))
     assert report.main([str(p) for p in paths]) == report.lengths_markdown(reports)
+
+
+def test_load_from_cache_refuses_an_untied_export_that_loads_tied(tmp_path):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=False,
+    )
+    model, tokens = transformers.LlamaForCausalLM(config).eval(), torch.randint(0, 97, (100,))
+    provenance = dict(PROVENANCE, num_tokens=100, output_layer="untied: lm_head equals the GGUF's output.weight")
+    export_cache(Workload(model, tokens, provenance), tmp_path, torch.float32)
+    reloaded = load_from_cache(tmp_path).model
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+    # An export that lost its head (a tied config, no lm_head.weight): transformers ties it to the embedding.
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "model" / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(weights)).items() if k != "lm_head.weight"}, str(weights))
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    (tmp_path / "model" / "config.json").write_text(json.dumps(dict(saved, tie_word_embeddings=True)))
+    with pytest.raises(ValueError, match="untied output layer"):
+        load_from_cache(tmp_path)

@@ -81,4 +81,11 @@ def load_from_cache(cache_dir: Path) -> Workload:
     token_ids = load_file(str(cache_dir / "tokens.safetensors"))["token_ids"].to(torch.int64)
     provenance = json.loads((cache_dir / "provenance.json").read_text())
     provenance["loaded_from_cache"] = str(cache_dir)
+    # Note [Tied or untied output layer] (models.py): the export must come back with the head the GGUF check saw.
+    tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    if provenance.get("output_layer", "").startswith("untied") and tied:
+        raise ValueError(
+            f"from_cache={str(cache_dir)!r}: the model was exported with an untied output layer "
+            f"({provenance['output_layer']}) but loads tied; export it again"
+        )
     return Workload(model.eval(), token_ids, provenance)
