@@ -8,9 +8,9 @@ only: nothing imports it or puts it on sys.path. Nothing outside tests/ imports 
 sys.path or runs another file with runpy (what is shared lives in a package module, e.g. fa4_rowmax.testing).
 Inside fa4_rowmax (`FA4_ROWMAX_FLOORS`): config, reference, process_mode (and the import-free patching,
 aux_data) at the bottom; the CuTe-DSL stages above; interface, gates, fp8_sm90 and patched_wheel above those; the
-entry points hf and __main__ above; testing at the top, free to import all of fa4_rowmax and imported by none of
-it. A module may import its own floor and the floors below; a module the table does not name fails until it is
-given a floor.
+entry points hf, hf_paged, the vLLM backend (vllm_plugin, vllm_routing, vllm_backend) and __main__ above; testing
+at the top, free to import all of fa4_rowmax and imported by none of it. A module may import its own floor and the
+floors below; a module the table does not name fails until it is given a floor.
 """
 
 import ast
@@ -39,6 +39,9 @@ FA4_ROWMAX_FLOORS = {
     "fp8_sm90": 2,
     "patched_wheel": 2,
     "hf": 3,
+    "vllm_plugin": 3,
+    "vllm_routing": 3,
+    "vllm_backend": 3,
     "hf_paged": 3,
     "__main__": 3,
     "testing": 4,
