@@ -71,7 +71,9 @@ class FA4RowmaxImpl(FlashAttentionImpl):
             )
         self.softmax_setting = softmax_setting()
         vllm_config = get_current_vllm_config_or_none()
-        dtype = vllm_config.model_config.dtype if vllm_config is not None else torch.get_default_dtype()
+        model_config = vllm_config.model_config if vllm_config is not None else None
+        # vLLM builds the model's layers under its dtype as torch's default.
+        dtype = model_config.dtype if model_config is not None else torch.get_default_dtype()
         major, minor = torch.cuda.get_device_capability()
         self.stock_reason = vllm_routing.layer_stock_reason(
             self.softmax_setting,
@@ -126,7 +128,7 @@ class FA4RowmaxImpl(FlashAttentionImpl):
                 output[:decode_end],
             )
         key_cache, value_cache = vllm_routing.paged_kv(kv_cache, self.head_size)
-        with torch.no_grad():
+        with torch.no_grad():  # the approximate modes are forward-only (FA4's backward recomputes P exactly)
             out, _ = flash_attn_varlen_func(
                 query[decode_end:end],
                 key_cache,

@@ -11,6 +11,7 @@ backend slot (`vllm.v1.attention.backends.registry.register_backend(AttentionBac
 selects it with `--attention-backend CUSTOM` (or `attention_config={"backend": "CUSTOM"}`), and selecting it is
 the opt-in. The `CUSTOM` slot, not a named member such as the AMD backend's `AITER_FUSED`: vLLM 0.26.0's
 `register_backend` takes enum members only, 0.33.0's takes both, so the slot is the one way in that both serve.
+One package holds the slot: when another holds it already, `register()` leaves it there and warns.
 The numerics of the prefill attention it serves come from the backend's own variables, read and checked in every
 process, selected or not, so a typo fails loudly instead of leaving a run on numerics other than the user believes:
 - `FA4_ROWMAX_VLLM_SOFTMAX_MODE`: `rowmax_h15` (default), `rowmax_pot`, or `exact` (FA4's exact twin);
@@ -101,8 +102,9 @@ def register() -> None:
 
 def register_vllm_backend() -> bool:
     """Bind vLLM's `CUSTOM` attention backend slot to `BACKEND_CLASS` (idempotent). Returns whether the slot is
-    bound to this package's backend; False (and a warning) when this vLLM has no such registry. Raises
-    RuntimeError when another package holds the slot."""
+    bound to this package's backend; False, and a warning, when this vLLM has no such registry or another package
+    holds the slot (installing this one must not break that one's backend; `--attention-backend CUSTOM` then
+    selects the other package's, and this warning says so)."""
     try:
         registry = importlib.import_module(VLLM_REGISTRY_MODULE)
     except ImportError as error:
@@ -117,10 +119,15 @@ def register_vllm_backend() -> bool:
     if slot.is_overridden():
         path = slot.get_path()
         if path != BACKEND_CLASS:
-            raise RuntimeError(
-                f"vLLM attention backend slot {VLLM_SLOT} is already registered to {path}, not {BACKEND_CLASS} "
-                f"({BACKEND_NAME}); one package can hold it"
+            logger.warning(
+                "fa4_rowmax: vLLM attention backend slot %s is already registered to %s: %s not registered, "
+                "--attention-backend %s selects that backend",
+                VLLM_SLOT,
+                path,
+                BACKEND_NAME,
+                VLLM_SLOT,
             )
+            return False
         return True
     registry.register_backend(slot, BACKEND_CLASS)
     return True
