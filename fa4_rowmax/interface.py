@@ -503,7 +503,11 @@ def fa4_backend(
             f"softmax_mode={softmax_mode!r} (rescale_threshold={rescale_threshold}, beta={beta}) needs the "
             "patched FlashAttention-4: run `python -m fa4_rowmax.patching apply`"
         )
-    knobs = {} if stage is None else dict(softmax_mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
+    # softmax_mode always explicit on a patched FA4, so that a process-wide mode (Note [Process-wide softmax mode])
+    # never changes a gate backend; an unpatched FA4 takes no softmax_mode and has no process-wide mode.
+    knobs = dict(softmax_mode=softmax_mode, rescale_threshold=rescale_threshold, beta=beta)
+    if stage is None and not is_fa4_patched():
+        knobs = {}
 
     def backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         with torch.no_grad():

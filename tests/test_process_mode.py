@@ -358,7 +358,7 @@ def probes(tmp_path_factory):
         site = fa4_patch.copy_package(fa4_patch.default_site(), tmp_path_factory.mktemp(state), state=state)
         proc = subprocess.run(
             [sys.executable, "-c", _PROBE, state],
-            env=dict(env, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)])),
+            env=dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH")]))),
             capture_output=True,
             text=True,
             timeout=300,
@@ -430,7 +430,7 @@ def test_the_patched_fa4_prints_one_line_per_setting(probes):
 def test_outputs_under_the_variable_equal_the_explicit_outputs_bit_for_bit(monkeypatch):
     from flash_attn.cute import flash_attn_func
 
-    from fa4_rowmax.interface import is_fa4_patched
+    from fa4_rowmax.interface import fa4_backend, is_fa4_patched
 
     assert is_fa4_patched(), "FA4 is not patched: python -m fa4_rowmax.patching apply"
     gen = torch.Generator(device="cuda").manual_seed(24)
@@ -455,3 +455,4 @@ def test_outputs_under_the_variable_equal_the_explicit_outputs_bit_for_bit(monke
     assert_bitwise(run(q8, k8, v8), explicit8)
     assert not torch.equal(explicit[0], unset[0])  # H15 is on: its lattice moves the output
     assert_bitwise(run(q, k, v, softmax_mode="exact"), unset)
+    assert_bitwise(fa4_backend("exact")(q, k, v, True), unset)  # a gate backend keeps its mode under the variable
