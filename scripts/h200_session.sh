@@ -16,6 +16,11 @@
 #   bash scripts/h200_session.sh qwen15ks OUT     # Qwen2.5-1.5B, FP8 with and without K smoothing, kernel + simulator
 #   bash scripts/h200_session.sh qwen05c OUT      # Qwen2.5-0.5B, every kernel mode and its simulator twin
 #   bash scripts/h200_session.sh qwen05s OUT      # Qwen2.5-0.5B, the simulator-only modes
+#   bash scripts/h200_session.sh qwen05fp8long OUT  # Qwen2.5-0.5B at 2K/16K/32K blocks: the K-smoothed FP8 modes
+#                                                 # through the two-level and single-level kernels, each beside its
+#                                                 # simulator (issue 22 item 7); ~8 minutes
+#   bash scripts/h200_session.sh qwen15fp8long OUT  # the same for Qwen2.5-1.5B, 2K and 16K (LENGTHS=32768: 32K
+#                                                 # alone, a call of its own)
 # Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
 # quality steps read the bundle's data at /tmp/devdata (austen/, qwen2.5-0.5b/model.gguf, qwen2.5-1.5b/model.gguf:
 # `prepare.sh --data .cache/quality_device/both gguf==0.19.0`, docs/measurements.md). A device call returns a
@@ -38,6 +43,38 @@ Q05="--device cuda --text austen --assets-dir /tmp/devdata --model qwen2.5-0.5b 
 KERNEL_MODES="exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fused_mxfp6 fused_mxfp4 fused_hybrid \
   exact_fp8 rowmax_h15_fp8"
 RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen step's scoring budget
+# Issue 22 item 7: the K-smoothed FP8 modes, two-level and single-level P.V accumulation (fa4_rowmax/hf.py, Note [P.V
+# accumulation in the study]), kernel and simulator, one run per block length under OUT/NAME, joined into one table
+# (OUT/NAME/lengths.md) by bench.quality.report. fp8_long_step MODEL NAME EXPORT_TIMEOUT "SIZE BLOCKS BUDGET SLACK"...:
+# the model is exported once in float32 to /tmp (each length's run then loads it in seconds, not 40-100 s of GGUF);
+# a row runs when SIZE is in LENGTHS, with --time-budget-s BUDGET (B<SIZE>=seconds overrides it) under a timeout of
+# BUDGET + SLACK (load, compiles, one block's overrun). To add blocks in a later call: PREVIOUS=<folder holding the
+# quality_NAME_<SIZE>.json of the cut runs> RESUME=--resume.
+FP8_ACC_MODES="exact_fp8_ksmooth exact_fp8_ksmooth_single_acc rowmax_h15_fp8_ksmooth rowmax_h15_fp8_ksmooth_single_acc"
+fp8_long_step() {
+  local model=$1 name=$2 export_limit=$3 row size blocks budget slack
+  shift 3
+  local cache=/tmp/quality_cache_$model dir=$OUT/$name
+  mkdir -p "$dir"
+  if [ -n "${PREVIOUS:-}" ]; then cp "$PREVIOUS"/quality_${name}_*.json "$dir"/; fi
+  if [ ! -f "$cache/provenance.json" ]; then
+    timeout "$export_limit" python3 -m bench.quality --text austen --assets-dir /tmp/devdata --model "$model" \
+      --export "$cache" --export-dtype float32 > "$dir/export.log" 2>&1
+    echo "export of $model to $cache: exit status $?"
+  fi
+  for row in "$@"; do
+    read -r size blocks budget slack <<< "$row"
+    case " $LENGTHS " in *" $size "*) ;; *) continue ;; esac
+    budget=$(eval echo "\${B$size:-$budget}")
+    timeout $((budget + slack)) python3 -m bench.quality --device cuda --from-cache "$cache" --block-size "$size" \
+      --blocks "$blocks" --compare-kernels --time-budget-s "$budget" $RESUME --tag "${name}_$size" \
+      --modes $FP8_ACC_MODES --out "$dir" > "$dir/${name}_$size.log" 2>&1
+    echo "$size-token blocks: exit status $?"
+    grep -A7 "^## Kernel vs simulator" "$dir/quality_${name}_$size.md"
+  done
+  python3 -m bench.quality.report "$dir"/quality_${name}_*.json > "$dir/lengths.md" 2>&1
+  cat "$dir/lengths.md"
+}
 # One model's kernel-vs-simulator table and its simulator-only modes: compare_step / simulator_step OPTIONS TAG LOG.
 compare_step() {
   timeout 560 python3 -m bench.quality $1 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
@@ -109,7 +146,13 @@ case "$STEP" in
     tail -16 "$OUT/qwen15ks.log" ;;
   qwen05c) compare_step "$Q05" qwen25-05b_austen_kernels qwen05c.log ;;
   qwen05s) simulator_step "$Q05" qwen25-05b_austen_full_sim qwen05s.log ;;
+  qwen05fp8long)
+    LENGTHS=${LENGTHS:-2048 16384 32768}
+    fp8_long_step qwen2.5-0.5b qwen25-05b_austen_fp8_acc 120 "2048 24 60 30" "16384 6 110 50" "32768 4 190 40" ;;
+  qwen15fp8long)
+    LENGTHS=${LENGTHS:-2048 16384}
+    fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 "2048 24 60 50" "16384 6 200 80" "32768 3 330 100" ;;
   *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
-       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c or qwen05s; got '$STEP'" >&2
+       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
 esac
