@@ -31,7 +31,7 @@ from fa4_rowmax.config import KERNEL_MODES, check_real
 # - A call that passes softmax_mode takes nothing from the process (softmax_mode="exact" with no knob is stock FA4).
 #   A call that leaves it out takes the process mode and knobs; a rescale_threshold or beta it passes wins.
 # - Nothing set: the patched FA4 returns no stage before importing fa4_rowmax, so the call is stock FA4 (same
-#   compile key, same kernel).
+#   compile key, same kernel). For that check patch 0001 holds the variables' names (`_PROCESS_MODE_VARIABLES`).
 # - The variables are read at every call that leaves softmax_mode out, so a change to os.environ counts from the
 #   next call. A bad value (an empty one included) raises at that call, naming the variable and the accepted
 #   values; a knob variable without FA4_ROWMAX_SOFTMAX_MODE is refused (exact with a knob: set it to "exact").

@@ -308,6 +308,7 @@ with FakeTensorMode():
     out["unset"] = looked_up(fa4_cache, dense)
     out["fa4_rowmax_loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "fa4_rowmax")
     if sys.argv[1] == "patched":
+        out["variables"] = list(fi._PROCESS_MODE_VARIABLES)
         out["unset_again"] = looked_up(fa4_cache, dense)
         out["explicit_exact"] = looked_up(fa4_cache, dense, softmax_mode="exact")
         out["explicit_h15"] = looked_up(fa4_cache, dense, softmax_mode="rowmax_h15", rescale_threshold=8.0)
@@ -374,6 +375,7 @@ def test_unset_is_the_stock_path_with_the_stock_compile_key(probes):
     assert stock.startswith("(") and stock.endswith(")"), stock  # a compile key, not an error
     assert patched == stock[:-1] + ", None)"  # stock FA4's key, and no stage (patch 0001 appends the stage)
     assert probes["patched"]["fa4_rowmax_loaded"] == []  # nothing set: the patched FA4 does not import fa4_rowmax
+    assert probes["patched"]["variables"] == list(VARIABLES.values())  # the names the patch checks before importing
     # with fa4_rowmax loaded, and with softmax_mode="exact" under a variable: the same stock key
     patched_run = probes["patched"]
     assert patched_run["unset_again"] == patched_run["explicit_exact"] == patched_run["env_explicit_exact"] == patched
