@@ -428,7 +428,7 @@ def test_run_study_with_kernel_runs_only(monkeypatch):
     def fake_score(model, block, attention):
         calls.append(attention)
         logits = torch.zeros(block.numel() - 1, 5)
-        logits[:, 0] = 1.0 if attention == study.BASELINE else 0.9
+        logits[:, 0] = 1.0 if attention == study.baseline.NAME else 0.9
         lp = torch.log_softmax(logits, -1)
         return stats.BlockScores(lp, -lp[:, 0].double(), lp.argmax(-1))
 
