@@ -17,7 +17,9 @@ decode/prefill counts outside decode context parallelism. So this backend makes 
   or more tokens, speculative-decoding verification included), through the patched
   `flash_attn.cute.flash_attn_varlen_func` with `cu_seqlens_q` (rebased), `seqused_k`, `page_table` (the block
   table; FA4 refuses it beside `cu_seqlens_k`, and takes the page size from the cache's shape), `causal=True`
-  (bottom-right per sequence) and the backend's softmax setting (`prefill_arguments`);
+  (bottom-right per sequence) and the backend's softmax setting (`prefill_arguments`); FA4's page loads by TMA
+  read a last page's rows past `seqused_k`, which must be finite: vLLM allocates its cache zeroed
+  (`vllm/v1/worker/utils.py`) and writes only K/V into it;
 - a batch of decodes only, a batch whose `causal` is not the plain `True` (per-request causal tensors) and a layer
   `layer_stock_reason` refuses (ALiBi, softcap, sliding window, sinks, FP8 KV cache, or a layout the softmax stage
   refuses on this GPU, logged once per layer at construction) run the stock implementation unchanged.
