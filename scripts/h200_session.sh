@@ -45,15 +45,15 @@ KERNEL_MODES="exact_bf16p rowmax_pot rowmax_h15_t0 rowmax_h15_t8 fused_mxfp8 fus
 RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen step's scoring budget
 # Issue 22 item 7: the K-smoothed FP8 modes, two-level and single-level P.V accumulation (fa4_rowmax/hf.py, Note [P.V
 # accumulation in the study]), kernel and simulator, one run per block length under OUT/NAME, joined into one table
-# (OUT/NAME/lengths.md) by bench.quality.report. fp8_long_step MODEL NAME EXPORT_TIMEOUT "SIZE BLOCKS BUDGET SLACK"...:
-# the model is exported once in float32 to /tmp (each length's run then loads it in seconds, not 40-100 s of GGUF);
-# a row runs when SIZE is in LENGTHS, with --time-budget-s BUDGET (B<SIZE>=seconds overrides it) under a timeout of
-# BUDGET + SLACK (load, compiles, one block's overrun). To add blocks in a later call: PREVIOUS=<folder holding the
-# quality_NAME_<SIZE>.json of the cut runs> RESUME=--resume.
+# (OUT/NAME/lengths.md) by bench.quality.report. fp8_long_step MODEL NAME EXPORT_TIMEOUT SLACK "SIZE BLOCKS BUDGET"...:
+# the model is exported once in float32 to /tmp; one process then runs every length in LENGTHS (the FP8 kernels
+# compile once, each length loads the export in seconds), each with --time-budget-s BUDGET (B<SIZE>=seconds
+# overrides it), all under one timeout of the budgets + SLACK (loads, compiles, the last blocks' overrun). To add
+# blocks in a later call: PREVIOUS=<folder holding the cut runs' quality_NAME_<SIZE>.json> RESUME=--resume.
 FP8_ACC_MODES="exact_fp8_ksmooth exact_fp8_ksmooth_single_acc rowmax_h15_fp8_ksmooth rowmax_h15_fp8_ksmooth_single_acc"
 fp8_long_step() {
-  local model=$1 name=$2 export_limit=$3 row size blocks budget slack
-  shift 3
+  local model=$1 name=$2 export_limit=$3 limit=$4 row size blocks budget calls=()
+  shift 4
   local cache=/tmp/quality_cache_$model dir=$OUT/$name
   mkdir -p "$dir"
   if [ -n "${PREVIOUS:-}" ]; then cp "$PREVIOUS"/quality_${name}_*.json "$dir"/; fi
@@ -63,28 +63,18 @@ fp8_long_step() {
     echo "export of $model to $cache: exit status $?"
   fi
   for row in "$@"; do
-    read -r size blocks budget slack <<< "$row"
+    read -r size blocks budget <<< "$row"
     case " $LENGTHS " in *" $size "*) ;; *) continue ;; esac
     budget=$(eval echo "\${B$size:-$budget}")
-    timeout $((budget + slack)) python3 -m bench.quality --device cuda --from-cache "$cache" --block-size "$size" \
-      --blocks "$blocks" --compare-kernels --time-budget-s "$budget" $RESUME --tag "${name}_$size" \
-      --modes $FP8_ACC_MODES --out "$dir" > "$dir/${name}_$size.log" 2>&1
-    echo "$size-token blocks: exit status $?"
-    grep -A7 "^## Kernel vs simulator" "$dir/quality_${name}_$size.md"
+    limit=$((limit + budget))
+    calls+=("--device cuda --from-cache $cache --block-size $size --blocks $blocks --compare-kernels \
+      --time-budget-s $budget $RESUME --tag ${name}_$size --modes $FP8_ACC_MODES --out $dir")
   done
+  timeout "$limit" python3 -c 'import sys; from bench.quality.cli import main; [main(a.split()) for a in sys.argv[1:]]' \
+    "${calls[@]}" > "$dir/$name.log" 2>&1
+  echo "$LENGTHS-token blocks, one process under ${limit} s: exit status $?"
   python3 -m bench.quality.report "$dir"/quality_${name}_*.json > "$dir/lengths.md" 2>&1
   cat "$dir/lengths.md"
-}
-# One model's kernel-vs-simulator table and its simulator-only modes: compare_step / simulator_step OPTIONS TAG LOG.
-compare_step() {
-  timeout 560 python3 -m bench.quality $1 --blocks 97 --compare-kernels --time-budget-s ${BUDGET:-420} $RESUME \
-    --tag "$2" --modes $KERNEL_MODES --out "$OUT" > "$OUT/$3" 2>&1
-  tail -26 "$OUT/$3"
-}
-simulator_step() {
-  timeout 560 python3 -m bench.quality $1 --blocks 97 --time-budget-s ${BUDGET:-300} $RESUME --tag "$2" \
-    --modes exact_ref rowmax_h15_row baps_l0 baps_l1 baps_l2 --out "$OUT" > "$OUT/$3" 2>&1
-  tail -10 "$OUT/$3"
 }
 case "$STEP" in
   bench)
@@ -148,10 +138,10 @@ case "$STEP" in
   qwen05s) simulator_step "$Q05" qwen25-05b_austen_full_sim qwen05s.log ;;
   qwen05fp8long)
     LENGTHS=${LENGTHS:-2048 16384 32768}
-    fp8_long_step qwen2.5-0.5b qwen25-05b_austen_fp8_acc 120 "2048 24 60 30" "16384 6 110 50" "32768 4 190 40" ;;
+    fp8_long_step qwen2.5-0.5b qwen25-05b_austen_fp8_acc 120 100 "2048 24 70" "16384 6 110" "32768 4 190" ;;
   qwen15fp8long)
     LENGTHS=${LENGTHS:-2048 16384}
-    fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 "2048 24 60 50" "16384 6 200 80" "32768 3 330 100" ;;
+    fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
   *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
