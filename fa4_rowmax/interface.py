@@ -37,13 +37,19 @@ APPROXIMATE_MODES = tuple(m for m in KERNEL_MODES if m != "exact")
 
 # Note [Features allowed with a softmax stage]
 # A softmax stage (an approximate mode, or exact with a knob) has been checked on the H200 against the
-# reference only with: dense batches, causal (bottom-right) and not, GQA, bf16/fp16 inputs, seqlens off the
-# tile grid, and NaN/Inf inputs (tests/test_fa4_gpu.py, the gates). Every other FA4 feature below either
-# changes what the softmax sees (sinks fold an exact exp2 into the row sum; softcap, score_mod and mask_mod
-# rewrite the scores; local windows and block sparsity skip tiles the running max relies on) or the way
-# partial results combine (split-KV merges per-split LSEs that the approximate weights do not define), and
-# none has a gate or reference test on the GPU. So each is refused, naming the argument and its stock value.
-# Widen `FEATURES_TESTED` one feature at a time, with an H200 test for that feature.
+# reference with: dense batches, causal (bottom-right) and not, GQA, bf16/fp16 inputs, seqlens off the tile
+# grid, NaN/Inf inputs (tests/test_fa4_gpu.py, the gates), and, for 16-bit inputs, the layouts serving
+# engines call: varlen (cu_seqlens_q/k, seqused_q/k; lengths 0 and 1, causal per sequence) and paged KV
+# (page_table with seqused_k; pages loaded by TMA and not; a cached prefix longer than the new tokens), each
+# sequence against the reference (tests/test_fa4_varlen_paged.py). These change how FA4 loads K/V and bounds a
+# sequence, not the stage, and compile for SM90 and SM100 on the CPU (Note [Serving layouts on the CPU],
+# fa4_rowmax/testing/compile_check.py). FA4's SM100 FP8 forward with a stage has compiled dense only, so FP8
+# inputs keep refusing them there. Every other FA4 feature below either changes what the softmax sees (sinks
+# fold an exact exp2 into the row sum; softcap, score_mod and mask_mod rewrite the scores; local windows and
+# block sparsity skip tiles the running max relies on) or the way partial results combine (split-KV merges
+# per-split LSEs that the approximate weights do not define: REFUSAL_REASONS), and none has a gate or
+# reference test on the GPU. So each is refused, naming the argument and its stock value. Widen the tested
+# sets one feature at a time, with an H200 test for it.
 FEATURE_STOCK_VALUES = {
     "qv": None,
     "cu_seqlens_q": None,
@@ -67,11 +73,27 @@ FEATURE_STOCK_VALUES = {
     "scheduler_metadata": None,
     "seqlen_k_per_split": None,
 }
-FEATURES_TESTED: tuple[str, ...] = ()
+SERVING_LAYOUT_FEATURES = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table")
+FEATURES_TESTED_16BIT: tuple[str, ...] = SERVING_LAYOUT_FEATURES
+# Why a refused feature stays refused, where "no GPU test covers it yet" does not say enough.
+REFUSAL_REASONS = {
+    "num_splits": (
+        " (split-KV serves decode, one query per sequence, which is memory-bound: a cheaper exponential gains "
+        "nothing there, and the merge of per-split LSEs is not defined for the approximate weights; a decode "
+        "step runs unsplit through the stage)"
+    ),
+}
 # The SM90 FP8 forward (fa4_rowmax/fp8_sm90.py) takes FA4's varlen arguments and the descales, each tested on the
 # H200 there (tests/test_fp8_sm90_varlen.py, tests/test_fp8_sm90_gpu.py); it refuses every other feature.
 FP8_SM90_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
 FP8_SM90_FEATURES_TESTED = (*FP8_SM90_VARLEN_ARGS, "q_descale", "k_descale", "v_descale")
+FP8_SM90_REFUSAL_REASONS = {
+    **REFUSAL_REASONS,
+    "page_table": (
+        " (its V^T pre-pass reads V packed, Note [Varlen V^T] in stage/v_transpose.py; a paged V needs V^T built "
+        "inside the kernel, which it does not do yet)"
+    ),
+}
 # The kernels of config.KERNELS, as a refusal names them.
 KERNEL_NAMES = {
     "sm90": "SM90 (Hopper) FA4 forward",
@@ -80,10 +102,14 @@ KERNEL_NAMES = {
 }
 
 
-def refuse_untested_features(features: dict, *, where: str, accepted: str, tested: tuple[str, ...] = ()) -> None:
+def refuse_untested_features(
+    features: dict, *, where: str, accepted: str, tested: tuple[str, ...] = (), reasons: Optional[dict] = None
+) -> None:
     """Raise ValueError for a feature of `features` (FA4 argument -> value) not in `tested` that is set to
     anything but its stock value (Note [Features allowed with a softmax stage]); `where` names the path
-    ("with softmax_mode='rowmax_h15' and its knobs"), `accepted` what the user can do instead."""
+    ("with softmax_mode='rowmax_h15' and its knobs"), `accepted` what the user can do instead, `reasons` why a
+    feature is refused where that is more than untested (REFUSAL_REASONS)."""
+    reasons = REFUSAL_REASONS if reasons is None else reasons
     unknown = sorted(set(features) - set(FEATURE_STOCK_VALUES))
     if unknown:
         raise TypeError(f"unknown FA4 features {unknown}; known: {sorted(FEATURE_STOCK_VALUES)}")
@@ -91,21 +117,21 @@ def refuse_untested_features(features: dict, *, where: str, accepted: str, teste
         stock = FEATURE_STOCK_VALUES[name]
         if name in tested or value is stock or (stock is not None and value == stock):
             continue
-        raise ValueError(
-            f"{name} is not supported {where} (no GPU test covers it yet); accepted: {name}={stock!r}{accepted}"
-        )
+        reason = reasons.get(name, " (no GPU test covers it yet)")
+        raise ValueError(f"{name} is not supported {where}{reason}; accepted: {name}={stock!r}{accepted}")
 
 
-def check_features(mode: str, features: dict, *, source: Optional[str] = None) -> None:
-    """The features a softmax stage refuses (Note [Features allowed with a softmax stage]); `source` names where
-    a process-wide mode comes from (Note [Process-wide softmax mode])."""
+def check_features(mode: str, features: dict, *, q_dtype: torch.dtype, source: Optional[str] = None) -> None:
+    """The features a softmax stage refuses for FA4's own forwards (Note [Features allowed with a softmax stage]):
+    the serving layouts pass for 16-bit inputs; `source` names where a process-wide mode comes from
+    (Note [Process-wide softmax mode])."""
     accepted = ", or softmax_mode='exact' with rescale_threshold=None and beta=None (stock FA4, every feature)"
     if source is not None:
         accepted += f": {process_mode.remedy(source)}"
     refuse_untested_features(
         features,
-        where=f"with {_described('softmax_mode', mode, source)} and its knobs",
-        tested=FEATURES_TESTED,
+        where=f"with {_described('softmax_mode', mode, source)} and its knobs for {q_dtype} inputs",
+        tested=FEATURES_TESTED_16BIT if torch.finfo(q_dtype).bits == 16 else (),
         accepted=accepted,
     )
 
@@ -227,9 +253,10 @@ class SoftmaxStage:
                 where="by the SM90 FP8 forward (fa4_rowmax.fp8_sm90)",
                 accepted="",
                 tested=FP8_SM90_FEATURES_TESTED,
+                reasons=FP8_SM90_REFUSAL_REASONS,
             )
         else:
-            check_features(self.mode, features, source=source)
+            check_features(self.mode, features, q_dtype=q_dtype, source=source)
         for name, knob in STAGE_KNOBS.items():
             if getattr(self, name) != knob.default and kernel not in knob.kernels:
                 raise ValueError(

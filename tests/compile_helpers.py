@@ -56,6 +56,18 @@ def assert_mufu_count_falls_as_beta_grows(report: dict) -> None:
     assert result(report, mode="exact", beta=1.0)["counts"]["MUFU.EX2"] < ex2[0.5] < ex2[0.0]
 
 
+def assert_serving_layouts_compile_with_h15(report: dict, arch: str) -> None:
+    """Note [Serving layouts on the CPU]: each varlen / paged configuration compiled with the H15 stage, and its
+    per-element exp2 left the MUFU as on the dense kernel (only per-row rescale factors stay there)."""
+    layouts = compile_check.serving_layouts(arch)
+    results = [r for r in report["results"][:-1] if r["config"] in layouts]
+    assert len(results) == len(layouts), [r["config"] for r in results]
+    stock_ex2 = report["stock"]["counts"]["MUFU.EX2"]
+    for r in results:
+        assert r["ok"], (r["config"], r.get("error", "")[-600:])
+        assert r["counts"]["MUFU.EX2"] * 10 < stock_ex2, (r["config"], r["counts"]["MUFU.EX2"], stock_ex2)
+
+
 def assert_full_matrix_passes(arch: str, tmp_path: Path) -> None:
     report = compile_check.check_matrix(arch, compile_check.full_matrix(arch), tmp_path)
     assert all(v for k, v in report["checks"].items() if not k.startswith("mufu_by_beta")), report["checks"]

@@ -1,7 +1,8 @@
 """SM90 (Hopper) FA4 kernels with the softmax stage compile to cubin on the CPU; SASS read with cuobjdump.
 
 Each configuration compiles in its own subprocess against private FA4 copies (fa4_rowmax/testing/compile_check.py).
-The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow) (dtypes x causal x head dim x GQA/varlen x modes).
+The CI matrix is small; FA4_FULL_COMPILE_MATRIX=1 adds the full one (marked slow): dtypes x causal x head dim x
+GQA/varlen x modes.
 """
 
 import numpy as np
@@ -12,6 +13,7 @@ from compile_helpers import (  # noqa: E402
     assert_every_configuration_compiled,
     assert_full_matrix_passes,
     assert_mufu_count_falls_as_beta_grows,
+    assert_serving_layouts_compile_with_h15,
     compile_configs,
     full_matrix_only_on_request,
 )
@@ -42,6 +44,10 @@ def ci_report(tmp_path_factory):
 
 def test_every_configuration_compiles(ci_report):
     assert_every_configuration_compiled(ci_report)
+
+
+def test_serving_layouts_compile_with_the_h15_stage(ci_report):
+    assert_serving_layouts_compile_with_h15(ci_report, ARCH)
 
 
 def test_exact_compiles_to_the_same_sass_as_stock_fa4(ci_report):

@@ -18,7 +18,7 @@ import torch
 
 from fa4_rowmax import patching as fa4_patch
 from fa4_rowmax import process_mode
-from fa4_rowmax.interface import FEATURE_STOCK_VALUES, FEATURES_TESTED, softmax_stage
+from fa4_rowmax.interface import FEATURE_STOCK_VALUES, FEATURES_TESTED_16BIT, softmax_stage
 from fa4_rowmax.process_mode import SCOPE, VARIABLES, softmax_mode_scope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def test_a_bad_scope_argument_is_refused_and_opens_nothing(kwargs, error, patter
 
 # --- refusals name the source ----------------------------------------------------------------------
 
-# FA4 features a softmax stage refuses whatever FEATURES_TESTED gains for the serving layouts (they rewrite the
+# FA4 features a softmax stage refuses whatever FEATURES_TESTED_16BIT gains for the serving layouts (they rewrite the
 # scores or skip tiles; Note [Features allowed with a softmax stage]), with a non-stock value.
 _REFUSED = {
     "softcap": 30.0,
@@ -168,7 +168,7 @@ _REFUSED = {
 
 @pytest.mark.parametrize("name", sorted(_REFUSED))
 def test_a_refused_feature_names_the_variable(monkeypatch, name):
-    assert name in FEATURE_STOCK_VALUES and name not in FEATURES_TESTED
+    assert name in FEATURE_STOCK_VALUES and name not in FEATURES_TESTED_16BIT
     _set(monkeypatch, "rowmax_h15")
     stage = softmax_stage(None)
     pattern = rf"^{name} is not supported with softmax_mode='rowmax_h15' from {MODE} and its knobs.*unset {MODE}"

@@ -49,6 +49,7 @@ DEFAULT_CONFIG = dict(
     hdim=128,
     gqa=False,
     varlen=False,
+    page_size=None,  # paged KV (Note [Serving layouts on the CPU]): FA4's page_table with pages of this many keys
     mode="exact",
     beta=None,
     rescale_threshold=None,
@@ -91,9 +92,21 @@ def ci_matrix(arch: str) -> list[dict]:
     if arch in SM100_FAMILY:
         configs.append(dict(base, mode="rowmax_h15", dtype="fp8", causal=False))
     else:
-        # varlen with a softmax stage is refused (Note [Features allowed with a softmax stage], interface.py)
         configs.append(dict(base, mode="rowmax_h15", causal=False, hdim=64, gqa=True))
+    configs += serving_layouts(arch)
     return configs
+
+
+# Note [Serving layouts on the CPU]
+# The layouts engines call (varlen cu_seqlens, paged KV through page_table + seqused_k) change how FA4 loads K/V
+# and bounds each sequence, not the softmax stage; their values are checked on the H200
+# (tests/test_fa4_varlen_paged.py). On the CPU each compiles for both families with the H15 stage in it: varlen
+# GQA, and chunked prefill over a paged cache with a page of one key tile (128: FA4 loads pages by TMA) and of
+# 64 keys (FA4's non-TMA page loads). So CI proves that the SM100 kernels it cannot run build with every layout
+# `FEATURES_TESTED_16BIT` (interface.py) lets through, with the exponential off the MUFU.
+def serving_layouts(arch: str) -> list[dict]:
+    base = dict(DEFAULT_CONFIG, mode="rowmax_h15")
+    return [dict(base, varlen=True, gqa=True), dict(base, page_size=128), dict(base, page_size=64, causal=False)]
 
 
 def full_matrix(arch: str) -> list[dict]:
@@ -103,12 +116,14 @@ def full_matrix(arch: str) -> list[dict]:
         for causal in (False, True):
             for hdim in (64, 128):
                 for gqa, varlen in ((False, False), (True, False), (False, True)):
-                    for mode in ("exact",) if varlen else ("exact", "rowmax_h15", "rowmax_pot"):
+                    # FP8 varlen keeps its refusal on SM100 (FEATURES_TESTED_16BIT, interface.py)
+                    for mode in ("exact",) if varlen and dtype == "fp8" else ("exact", "rowmax_h15", "rowmax_pot"):
                         configs.append(
                             dict(
                                 DEFAULT_CONFIG, dtype=dtype, causal=causal, hdim=hdim, gqa=gqa, varlen=varlen, mode=mode
                             )
                         )
+    configs += serving_layouts(arch)
     for beta in (0.0, 0.25, 0.5, 0.75, 1.0):
         configs.append(dict(DEFAULT_CONFIG, mode="rowmax_h15", beta=beta))
         configs.append(dict(DEFAULT_CONFIG, mode="exact", beta=beta))
@@ -153,7 +168,26 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
     ):
         knobs = dict(softmax_mode=config["mode"], beta=config["beta"], rescale_threshold=config["rescale_threshold"])
     with FakeTensorMode():
-        if config["varlen"]:
+        if config["page_size"] is not None:
+            # Two sequences of `seqlen` cached keys each in pages, a chunk of 100 new queries each (chunked prefill).
+            page_size, batch = config["page_size"], 2
+            pages_per_seq = -(-seqlen // page_size)
+            q = torch.empty(batch * 100, heads_q, hdim, dtype=dtype, device="cuda")
+            k = torch.empty(batch * pages_per_seq, page_size, heads_k, hdim, dtype=dtype, device="cuda")
+            flash_attn_varlen_func(
+                q,
+                k,
+                k,
+                cu_seqlens_q=torch.tensor([0, 100, 200], dtype=torch.int32, device="cuda"),
+                seqused_k=torch.tensor([seqlen, seqlen - 7], dtype=torch.int32, device="cuda"),
+                page_table=torch.empty(batch, pages_per_seq, dtype=torch.int32, device="cuda"),
+                max_seqlen_q=100,
+                max_seqlen_k=seqlen,
+                causal=config["causal"],
+                return_lse=True,
+                **knobs,
+            )
+        elif config["varlen"]:
             total = 2 * seqlen
             q = torch.empty(total, heads_q, hdim, dtype=dtype, device="cuda")
             k = torch.empty(total, heads_k, hdim, dtype=dtype, device="cuda")
@@ -362,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         c = r["config"]
         desc = (
             f"{c['mode']:<11} beta={c['beta']} {c['dtype']} causal={c['causal']} d={c['hdim']} gqa={c['gqa']} "
-            f"varlen={c['varlen']}"
+            f"varlen={c['varlen']} page_size={c['page_size']}"
         )
         print(
             f"{'ok ' if r['ok'] else 'ERR'} {desc} "
