@@ -42,6 +42,7 @@ from fa4_rowmax.stage.softmax_sm90_fp8 import KEY_ORDER_IN_16
 KEY_GROUP = 16
 BLOCK_KEYS = 64
 VARLEN_BLOCK_KEYS = 32  # divides every tile_n (Note [Varlen V^T])
+NUM_WARPS = 4  # Triton's default; studies/fp8_two_level/probe_speed.py --vt-only sweeps both
 
 
 @triton.jit
@@ -219,6 +220,7 @@ def v_transpose(v: torch.Tensor, q_descale=None, k_descale=None, v_descale=None,
         ROWS_OUT=rows_out,
         BLOCK_KEYS=BLOCK_KEYS,
         **flags,
+        num_warps=NUM_WARPS,
     )
     return vt.permute(0, 3, 1, 2), descale
 

@@ -30,25 +30,38 @@ VARIANTS = {
 
 
 def vt_bandwidth(seqlens, rounds: int) -> list[dict]:
-    """The V^T pre-pass alone (stage/v_transpose.py) at several BLOCK_KEYS: median ms and its HBM rate (V read
-    once, V^T written once)."""
+    """The V^T pre-pass alone (stage/v_transpose.py) at several BLOCK_KEYS x NUM_WARPS, beside a plain device copy
+    of the same bytes (torch's copy_: the HBM rate this GPU reaches for a read and a write): median ms and the
+    rate of each (V read once, V^T written once)."""
     from fa4_rowmax.stage import v_transpose as vt_module
 
     heads, dim, tokens = 16, 128, 32768
     rows = []
-    default_block = vt_module.BLOCK_KEYS
+    defaults = vt_module.BLOCK_KEYS, vt_module.NUM_WARPS
     for seqlen in seqlens:
         batch = tokens // seqlen
         sets = [torch.randn(batch, seqlen, heads, dim, device="cuda").to(torch.float8_e4m3fn) for _ in range(2)]
-        for block in (32, 64, 128, 256):
-            vt_module.BLOCK_KEYS = block
-            launchers = {f"vt_block{block}": [lambda v=v: vt_module.v_transpose(v) for v in sets]}
-            times, errors = time_interleaved(launchers, rounds=rounds, calls_per_round=5, warmup=2, seed=block)
-            ms = median([t for r in times[f"vt_block{block}"] for t in r])
+        outs = [torch.empty_like(v) for v in sets]
+        launchers = {"copy": [lambda v=v, o=o: o.copy_(v) for v, o in zip(sets, outs)]}
+        configs = [(block, warps) for block in (32, 64, 128, 256) for warps in (2, 4, 8)]
+        for block, warps in configs:
+
+            def launch(v, block=block, warps=warps):
+                vt_module.BLOCK_KEYS, vt_module.NUM_WARPS = block, warps
+                return vt_module.v_transpose(v)
+
+            launchers[f"vt_block{block}_warps{warps}"] = [lambda v=v, f=launch: f(v) for v in sets]
+        times, errors = time_interleaved(launchers, rounds=rounds, calls_per_round=5, warmup=2, seed=seqlen)
+        copy_ms = median([t for r in times["copy"] for t in r])
+        for name in launchers:
+            if name in errors:
+                print(f"{seqlen} {name}: failed: {errors[name]}")
+                continue
+            ms = median([t for r in times[name] for t in r])
             rate = 2 * sets[0].numel() / ms / 1e6
-            rows.append(dict(seqlen=seqlen, block_keys=block, ms=ms, gb_per_s=rate))
-            print(f"V^T {seqlen} BLOCK_KEYS={block}: {ms:.4f} ms {rate:.0f} GB/s")
-    vt_module.BLOCK_KEYS = default_block
+            rows.append(dict(seqlen=seqlen, kernel=name, ms=ms, gb_per_s=rate, vs_copy=copy_ms / ms))
+            print(f"{seqlen} {name}: {ms:.4f} ms {rate:.0f} GB/s {copy_ms / ms:.2f}x the copy's rate")
+    vt_module.BLOCK_KEYS, vt_module.NUM_WARPS = defaults
     return rows
 
 
