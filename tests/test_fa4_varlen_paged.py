@@ -3,8 +3,9 @@
 Engines pack a batch of sequences (`cu_seqlens_q/k`, `seqused_q/k`) and keep keys in a paged cache (`page_table`
 with `seqused_k`; FA4 refuses `page_table` beside `cu_seqlens_k`), a cached prefix longer than the new tokens in
 chunked prefill and prefix caching. These change how FA4 loads K/V and bounds each sequence, not what the stage
-computes, and Note [Features allowed with a softmax stage] (interface.py) lets them through for 16-bit inputs on
-the strength of these tests. On a GPU (SM90/SM100; `gpu` mark, Note [GPU tests]) every sequence is compared
+computes; Note [Features allowed with a softmax stage] (interface.py) refuses them until the GPU tests here have
+passed on the H200, so the GPU tests let them through for their own calls (the `fa4` fixture).
+On a GPU (SM90/SM100; `gpu` mark, Note [GPU tests]) every sequence is compared
 with `attention_reference` run on that sequence alone, within `kernel_bounds` (Note [Kernel vs reference:
 lattice flips]), with output memory poisoned with NaN first, lengths 0 and 1 and off the tile grid, causal
 bottom-right per sequence with seqlen_q != seqlen_k (rows with no key), GQA; packed and paged calls equal the
@@ -45,10 +46,11 @@ def _cu(lengths, device="cuda"):
 
 @pytest.mark.parametrize("name", SERVING_LAYOUT_FEATURES)
 @pytest.mark.parametrize("arch", [90, 100, 103])
-def test_serving_layouts_pass_for_16_bit_inputs(name, arch):
+def test_serving_layouts_are_refused_until_they_pass_on_the_h200(name, arch):
     value = torch.zeros(2, dtype=torch.int32) if name != "page_table" else torch.zeros(1, 1, dtype=torch.int32)
     for dtype in (torch.bfloat16, torch.float16):
-        softmax_stage("rowmax_h15").for_kernel(arch=arch, q_dtype=dtype, features={name: value})
+        with pytest.raises(ValueError, match=rf"^{name} is not supported with softmax_mode='rowmax_h15'"):
+            softmax_stage("rowmax_h15").for_kernel(arch=arch, q_dtype=dtype, features={name: value})
 
 
 @pytest.mark.parametrize("name", SERVING_LAYOUT_FEATURES)
@@ -83,7 +85,11 @@ def fa4():
         pytest.skip("FA4 is not patched: python -m fa4_rowmax.patching apply")
     from flash_attn.cute import flash_attn_varlen_func
 
-    return flash_attn_varlen_func
+    from fa4_rowmax import interface
+
+    with pytest.MonkeyPatch.context() as patch:  # the candidate layouts, for these tests' calls only
+        patch.setattr(interface, "FEATURES_TESTED_16BIT", interface.SERVING_LAYOUT_FEATURES)
+        yield flash_attn_varlen_func
 
 
 def _packed(seed, lengths, heads, head_dim, dtype, std=1.0):
