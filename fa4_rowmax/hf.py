@@ -11,8 +11,9 @@ The one switch is `backend`:
   device the model is on (CPU here; on CUDA it is the GPU simulation). Registered under the mode's name,
   e.g. `"rowmax_h15_t8"`.
 - `"kernel"`: the GPU kernel that implements the mode, BF16 in and out: FA4's patched `flash_attn_func`
-  for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15; `fa4_rowmax.interface.rowmax_attn_func` for the
-  SM90 fold modes `rowmax_h15_fold_*` (Hopper only: it raises on other GPUs); the SM90 FP8 forward
+  for `exact_bf16p` (stock FA4), Rowmax-PoT and Rowmax-H15, each passing its softmax_mode so that no process-wide
+  mode reaches it; `fa4_rowmax.interface.rowmax_attn_func` for the SM90 fold modes `rowmax_h15_fold_*` (Hopper
+  only: it raises on other GPUs); the SM90 FP8 forward
   `fa4_rowmax.fp8_sm90.flash_attn_fp8_sm90` for the FP8 modes (`exact_fp8`, `rowmax_h15_fp8`, their `_ksmooth`
   twins and those twins' single-level `_single_acc` kernels: Notes [FP8 modes in the study], [K smoothing for
   FP8], [P.V accumulation in the study]); each `ModeSpec` carries its own kernel factory,
@@ -109,7 +110,10 @@ def _fa4_mode(
     """A mode FA4's kernel runs: the reference config and the kernel's arguments come from one set of knobs
     (`softmax_mode` plus `rescale_threshold` / `anchor_rounding`), so the two cannot disagree."""
     config_fields = {"mode": softmax_mode, "anchor": "tile", **knobs, **(reference_fields or {})}
-    kernel_kwargs = {} if softmax_mode == "exact" and not knobs else {"softmax_mode": softmax_mode, **knobs}
+    # softmax_mode always passed: the patched FA4's default (None) takes a process-wide mode (Note [Process-wide
+    # softmax mode]), which would turn the exact baseline into whatever FA4_ROWMAX_SOFTMAX_MODE names. "exact" with
+    # no knob is stock FA4 all the same (no stage, stock compile key).
+    kernel_kwargs = {"softmax_mode": softmax_mode, **knobs}
     return ModeSpec(name, description, config_fields, "fa4", kernel_kwargs)
 
 

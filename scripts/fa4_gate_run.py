@@ -6,8 +6,9 @@
 Steps (each recorded in DIR/fa4_gates.json and DIR/fa4_gates.log; a failing step does not stop the others):
 1. A stock copy of the installed FA4 is saved, then the patches are applied to the installed FA4
    (fa4_rowmax/patching.py; idempotent).
-2. `exact` == stock, bit for bit: fixed inputs run through the patched FA4 (softmax_mode="exact", default)
-   in this process and through the stock copy in a subprocess; out and lse must be identical.
+2. `exact` == stock, bit for bit: fixed inputs run through the patched FA4 (softmax_mode="exact", passed so that
+   a process-wide mode cannot reach it) in this process and through the stock copy in a subprocess; out and lse
+   must be identical.
 3. `rowmax_h15` (and `rowmax_pot`, `rescale_threshold`) against the semantic reference
    (fa4_rowmax.reference.attention.attention_reference with the kernel's tile size and threshold): single- and
    multi-tile, causal and not, seqlens off the tile grid, GQA, varlen, causal with seqlen_q > seqlen_k
@@ -91,7 +92,10 @@ def exact_vs_stock(stock_site: Path, workdir: Path, cases) -> dict:
         for dtype in (torch.bfloat16, torch.float16):
             key = f"{name} {str(dtype)[6:]}"
             q, k, v = make_inputs(1, batch, sq, sk, hq, hk, d, dtype, q_std)
-            out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+            # Explicit: the patched default (None) would take FA4_ROWMAX_SOFTMAX_MODE or an open softmax_mode_scope
+            # (Note [Process-wide softmax mode]). The stock copy below takes no softmax_mode and reads none of the
+            # FA4_ROWMAX_* variables, so its subprocess may inherit the environment as it is.
+            out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, softmax_mode="exact")
             saved[key] = dict(q=q.cpu(), k=k.cpu(), v=v.cpu(), causal=causal, out=out.cpu(), lse=lse.cpu())
     torch.save(saved, inputs_path)
     code = (
@@ -101,8 +105,10 @@ def exact_vs_stock(stock_site: Path, workdir: Path, cases) -> dict:
         f"saved = torch.load({str(inputs_path)!r})\n"
         "res = {}\n"
         "for key, s in saved.items():\n"
-        "    out, lse = fi.flash_attn_func(s['q'].cuda(), s['k'].cuda(), s['v'].cuda(), causal=s['causal'], return_lse=True)\n"
-        "    res[key] = (torch.equal(out.cpu(), s['out']), torch.equal(lse.cpu().nan_to_num(), s['lse'].nan_to_num()),\n"
+        "    out, lse = fi.flash_attn_func(s['q'].cuda(), s['k'].cuda(), s['v'].cuda(), causal=s['causal'],\n"
+        "                                  return_lse=True)\n"
+        "    res[key] = (torch.equal(out.cpu(), s['out']),\n"
+        "                torch.equal(lse.cpu().nan_to_num(), s['lse'].nan_to_num()),\n"
         "                float((out.cpu().float() - s['out'].float()).abs().max()))\n"
         f"torch.save(res, {str(workdir / 'exact_result.pt')!r})\n"
     )

@@ -30,6 +30,12 @@ PATCHED_FILES = (
 )
 
 
+def _pythonpath(*first: Path) -> str:
+    """`first`, then the repo, ahead of the inherited PYTHONPATH: on the device machine the wheels FA4 needs are
+    found through it (/tmp/site), so a probe that replaced it could not import them."""
+    return os.pathsep.join(filter(None, [*map(str, first), str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def _digest(site: Path) -> dict:
     return {f: hashlib.sha256((site / f).read_bytes()).hexdigest() for f in PATCHED_FILES}
 
@@ -178,7 +184,7 @@ def test_a_half_patched_fa4_refuses_a_stage_and_is_not_reported_patched(stock_co
         FLASH_ATTENTION_ARCH="sm_90",
         CUTE_DSL_ARCH="sm_90a",
         FLASH_ATTENTION_NUM_SMS="132",
-        PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]),
+        PYTHONPATH=_pythonpath(site),
     )
     proc = subprocess.run(
         [sys.executable, "-c", _HALF_PATCHED_PROBE], env=env, capture_output=True, text=True, timeout=300
@@ -389,7 +395,7 @@ print(json.dumps(out))
 
 
 def test_patched_fa4_takes_the_knobs_and_validates_before_any_kernel(patched_copy):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(patched_copy), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(patched_copy))
     proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

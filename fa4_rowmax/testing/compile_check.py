@@ -14,7 +14,8 @@ touched.
 
 Checks, per architecture:
 - every configuration compiles;
-- `exact` (no knob) through the patched FA4 gives the same SASS as stock FA4 (same configuration);
+- `exact` (no knob: softmax_mode="exact" passed) through the patched FA4 gives the same SASS as stock FA4 (same
+  configuration);
 - the MUFU.EX2 count falls as beta grows (rowmax_h15 and exact).
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -168,6 +170,11 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
         or config.get("levers")
     ):
         knobs = dict(softmax_mode=config["mode"], beta=config["beta"], rescale_threshold=config["rescale_threshold"])
+    elif "softmax_mode" in inspect.signature(flash_attn_func).parameters:
+        # Exact with no knob on the patched copy: passed, since its default (None) would take a process-wide mode
+        # from an inherited FA4_ROWMAX_SOFTMAX_MODE (Note [Process-wide softmax mode]). "exact" with no knob is
+        # stock FA4, so the stock comparison still holds. The stock copy has no such parameter and no such mode.
+        knobs = dict(softmax_mode="exact")
     if config["page_size"] is not None or config["varlen"]:
         from fa4_rowmax import interface  # Note [Serving layouts on the CPU]
 
