@@ -182,29 +182,35 @@ FP8_LEVERS = {
 # Candidates for the FP8 forward's tuned defaults (issue 22 item 3: the fastest configuration that passes every
 # accuracy check), all two-level: the clamp by saturation and the MMA row sum (the levers that free registers), at
 # KV tile 128 with FA4's intra-warpgroup overlap (the largest tile whose registers fit beside the second accumulator
-# at head dim 128) and at 192 / 224 without it (Note [Two-level P.V accumulation]).
+# at head dim 128) and at 192 / 224 / 256 without it (Note [Two-level P.V accumulation]), there with FA4's scheduler
+# hand-over and with the hand-over right after the P.V GEMM ("_arrive": Note [Scheduler window after the P.V GEMM]).
+NO_OVERLAP_TILE_NS = (192, 224, 256)
 FP8_CANDIDATES = {
     "fa4_fp8_h15_sat_mma": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma"},
     **{
-        f"fa4_fp8_h15_sat_mma_n{n}_nooverlap": {
+        f"fa4_fp8_h15_sat_mma_n{n}_nooverlap{'_arrive' if arrive else ''}": {
             "softmax_mode": "rowmax_h15",
             "clamp": "sat",
             "row_sum": "mma",
             "tile_n": n,
             "intra_wg_overlap": False,
+            "arrive_after_pv": arrive,
         }
-        for n in (192, 224)
+        for n in NO_OVERLAP_TILE_NS
+        for arrive in (False, True)
     },
     "fa4_fp8_h15_sat_mma_n192": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma", "tile_n": 192},
     "fa4_fp8_exact_mma": {"softmax_mode": "exact", "row_sum": "mma"},
     **{
-        f"fa4_fp8_exact_mma_n{n}_nooverlap": {
+        f"fa4_fp8_exact_mma_n{n}_nooverlap{'_arrive' if arrive else ''}": {
             "softmax_mode": "exact",
             "row_sum": "mma",
             "tile_n": n,
             "intra_wg_overlap": False,
+            "arrive_after_pv": arrive,
         }
-        for n in (192, 224)
+        for n in NO_OVERLAP_TILE_NS
+        for arrive in (False, True)
     },
     "fa4_fp8_exact_mma_n192": {"softmax_mode": "exact", "row_sum": "mma", "tile_n": 192},
 }
@@ -932,6 +938,17 @@ def _fp8_specs() -> list[KernelSpec]:
             "fa4_fp8_exact_noexp_mma_n224_nooverlap",
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 224, "intra_wg_overlap": False},
         ),
+        (
+            "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",
+            {
+                "softmax_mode": "exact",
+                "exp2_deleted": True,
+                "row_sum": "mma",
+                "tile_n": 224,
+                "intra_wg_overlap": False,
+                "arrive_after_pv": True,
+            },
+        ),
     ):
         # wrong values by design: the no-MUFU ceiling of the skeleton
         specs.append(
@@ -976,6 +993,7 @@ FP8_KERNELS = (
     "fa4_fp8_exact_noexp_two_level",
     *FP8_CANDIDATES,
     "fa4_fp8_exact_noexp_mma_n224_nooverlap",
+    "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",
     "fa4_stock_bf16",
     "fa3_bf16",
 )

@@ -110,7 +110,7 @@ ROW_SUMS = ("fadd", "mma")
 # The H15 clamp of the FP8 forward: a max, or the FFMA's saturation (Note [Clamp by saturation]).
 CLAMPS = ("max", "sat")
 # Keys per tile of the FP8 forward: multiples of 32 (the e4m3 wgmma's K) that fit its registers.
-FP8_TILE_NS = (128, 160, 192, 224)
+FP8_TILE_NS = (128, 160, 192, 224, 256)
 STAGE_KNOBS = {
     "anchor_rounding": Knob(ANCHOR_ROUNDINGS, "exact", ("sm90", "sm90_fp8")),
     "rescale_vote": Knob((False, True), False, ("sm90", "sm90_fp8")),
@@ -123,6 +123,11 @@ STAGE_KNOBS = {
     # and P V follow each other and only the other warpgroup's GEMMs overlap them (Note [Two-level P.V
     # accumulation]: fewer live registers, so larger tiles fit).
     "intra_wg_overlap": Knob((True, False), True, ("sm90_fp8",)),
+    # Without intra-warpgroup overlap: where a warpgroup hands the tensor cores to the other one. False is FA4's
+    # place (after issuing the next tile's S, so the P.V GEMM's wait and the promotion sit inside the window);
+    # True hands over as soon as this tile's P.V GEMM has finished (Note [Scheduler window after the P.V GEMM],
+    # stage/flash_fwd_sm90_fp8.py).
+    "arrive_after_pv": Knob((False, True), False, ("sm90_fp8",)),
 }
 
 

@@ -40,10 +40,11 @@ APPROXIMATE_MODES = tuple(m for m in KERNEL_MODES if m != "exact")
 # reference only with: dense batches, causal (bottom-right) and not, GQA, bf16/fp16 inputs, seqlens off the
 # tile grid, and NaN/Inf inputs (tests/test_fa4_gpu.py, the gates). The layouts serving engines call
 # (SERVING_LAYOUT_FEATURES: varlen and paged KV) change how FA4 loads K/V and bounds a sequence, not the stage;
-# they compile with the stage for SM90 and SM100 on the CPU (Note [Serving layouts on the CPU],
-# fa4_rowmax/testing/compile_check.py), and tests/test_fa4_varlen_paged.py checks each sequence against the
-# reference on a GPU, but that file has not yet run on the H200, so they stay refused: FEATURES_TESTED_16BIT
-# takes them once it has passed there. Every other FA4 feature below either changes what the softmax sees
+# tests/test_fa4_varlen_paged.py checks each sequence against the reference on the H200 (passed there), and they
+# compile with the stage for SM90 and SM100 on the CPU (Note [Serving layouts on the CPU],
+# fa4_rowmax/testing/compile_check.py), so FEATURES_TESTED_16BIT holds them for 16-bit inputs. FP8 inputs keep
+# them refused (FA4's SM100 FP8 path has compiled only dense; the SM90 FP8 forward takes varlen but not
+# page_table: FP8_SM90_REFUSAL_REASONS). Every other FA4 feature below either changes what the softmax sees
 # (sinks fold an exact exp2 into the row sum; softcap, score_mod and mask_mod rewrite the scores; local windows
 # and block sparsity skip tiles the running max relies on) or the way partial results combine (split-KV merges
 # per-split LSEs that the approximate weights do not define: REFUSAL_REASONS), and none has a gate or
@@ -73,7 +74,7 @@ FEATURE_STOCK_VALUES = {
     "seqlen_k_per_split": None,
 }
 SERVING_LAYOUT_FEATURES = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table")
-FEATURES_TESTED_16BIT: tuple[str, ...] = ()
+FEATURES_TESTED_16BIT: tuple[str, ...] = SERVING_LAYOUT_FEATURES
 # Why a refused feature stays refused, where "no GPU test covers it yet" does not say enough.
 REFUSAL_REASONS = {
     "num_splits": (
@@ -197,6 +198,7 @@ class SoftmaxStage:
     tile_n: int = STAGE_KNOBS["tile_n"].default
     pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
     intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
+    arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None
@@ -271,6 +273,12 @@ class SoftmaxStage:
                     "rescale_vote=True applies to pv_accumulation='single' only: two-level accumulation promotes every "
                     "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
                     "accumulation]); accepted with pv_accumulation='two_level': rescale_vote=False"
+                )
+            if self.arrive_after_pv and self.intra_wg_overlap:
+                raise ValueError(
+                    "arrive_after_pv=True moves the scheduler hand-over of the step without intra-warpgroup overlap "
+                    "(Note [Scheduler window after the P.V GEMM]); accepted: arrive_after_pv=True with "
+                    "intra_wg_overlap=False, or arrive_after_pv=False"
                 )
         max_offset = fa4_max_offset(q_dtype)
         threshold = self.rescale_threshold

@@ -33,6 +33,9 @@ ROWS = 2
 # A pseudo-opcode in the counts: local-memory loads and stores between the first and the last GMMA (the main loop;
 # FA4's epilogue may stage O through local memory once per work tile).
 MAIN_LOOP_LOCAL = "STL/LDL in the main loop"
+# Another: P.V GEMMs (QGMMA N = head_dim + row-sum columns) whose next GEMM-or-arrive is a BAR.ARV, i.e. the warpgroup
+# hands the tensor cores over before issuing its next S (Note [Scheduler window after the P.V GEMM]).
+PV_THEN_ARRIVE = "P.V GEMMs followed by the scheduler arrive"
 SINGLE = dict(pv_accumulation="single")
 # Every structural knob explicit, so that Note [Tuned defaults] (fp8_sm90.py) leaves them as named here.
 _EXPLICIT = dict(tile_n=128, intra_wg_overlap=True, row_sum="fadd", clamp="max")
@@ -49,6 +52,14 @@ CONFIGS = {
     "exact_two_level": dict(softmax_mode="exact"),
     "h15_two_level": dict(softmax_mode="rowmax_h15"),
     "h15_sat_two_level_mma": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma"),
+    # No intra-warpgroup overlap at the largest tile, with FA4's scheduler hand-over and right after the P.V GEMM
+    # (Note [Scheduler window after the P.V GEMM]).
+    "h15_sat_mma_n256_nooverlap": dict(
+        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False
+    ),
+    "h15_sat_mma_n256_nooverlap_arrive": dict(
+        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True
+    ),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 # Twins that differ only in pv_accumulation.
@@ -63,6 +74,12 @@ def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
     ops = Counter(opcodes)
     gmma = [i for i, op in enumerate(opcodes) if op.startswith("QGMMA")]
     ops[MAIN_LOOP_LOCAL] = sum(op.startswith(("STL", "LDL")) for op in opcodes[gmma[0] : gmma[-1]])
+    pv_gemm = f"QGMMA.64x{_o_per_thread(kwargs) * 2}x32."
+    events = [op for op in opcodes if op.startswith("QGMMA") or op == "BAR.ARV"]
+    ops[PV_THEN_ARRIVE] = sum(
+        op.startswith(pv_gemm) and not following.startswith(pv_gemm) and following == "BAR.ARV"
+        for op, following in zip(events, events[1:])
+    )
     return ops
 
 
@@ -159,9 +176,29 @@ def test_two_level_promotes_by_one_ffma_per_o_element(compiled, name):
     assert count(ops, "QGMMA") == count(single, "QGMMA")
 
 
+def test_arrive_after_pv_hands_over_after_every_p_v_gemm(compiled):
+    """Note [Scheduler window after the P.V GEMM]: with FA4's hand-over only the last P.V GEMM (block 0, FA4's arrive
+    after the loop) is followed by the arrive, the others by the next S; with arrive_after_pv every one of the SITES
+    is, and the barrier instructions are FA4's plus the one conditional arrive per P.V GEMM site but the last."""
+    _, fa4 = compiled["h15_sat_mma_n256_nooverlap"]
+    _, arrive = compiled["h15_sat_mma_n256_nooverlap_arrive"]
+    assert (fa4[PV_THEN_ARRIVE], arrive[PV_THEN_ARRIVE]) == (1, SITES)
+    assert count(arrive, "BAR.SYNC") == count(fa4, "BAR.SYNC")
+    assert count(arrive, "QGMMA") == count(fa4, "QGMMA")
+
+
 @pytest.mark.parametrize("name", sorted(n for n, kw in CONFIGS.items() if kw.get("tile_n", 128) == 128))
 def test_no_spill_in_the_main_loop_at_tile_128(compiled, name):
     """The default tile keeps every accumulator in registers, two-level's second O included: no local-memory load
     or store between the first and the last GMMA."""
     _, ops = compiled[name]
     assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
+
+
+@pytest.mark.parametrize("name", ["h15_sat_mma_n256_nooverlap", "h15_sat_mma_n256_nooverlap_arrive"])
+def test_no_spill_in_the_main_loop_at_tile_256_without_overlap(compiled, name):
+    """Without intra-warpgroup overlap S and the second accumulator are never live together (Note [Two-level P.V
+    accumulation]), so the largest wgmma N fits: no local-memory traffic between the first and the last GMMA."""
+    _, ops = compiled[name]
+    assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
+    assert count(ops, "QGMMA.64x256x32") > 0

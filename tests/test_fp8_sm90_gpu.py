@@ -102,6 +102,11 @@ LEVERS = [
     dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False),
     dict(softmax_mode="exact", row_sum="mma", tile_n=192, intra_wg_overlap=False),
     dict(softmax_mode="exact", tile_n=224, intra_wg_overlap=False, pv_accumulation="single"),
+    dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False),
+    dict(
+        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False, arrive_after_pv=True
+    ),
+    dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True),
     dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
     dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 ]
@@ -159,6 +164,56 @@ def test_clamp_by_saturation_is_bit_identical(row_sum):
             a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
             b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32),
         )
+
+
+ARRIVE_CASES = [  # (mode, knobs): the tuned hd128 configurations and single-level, at both large tiles
+    ("rowmax_h15", dict(clamp="sat", row_sum="mma", tile_n=224)),
+    ("rowmax_h15", dict(clamp="sat", row_sum="mma", tile_n=256)),
+    ("exact", dict(row_sum="mma", tile_n=192)),
+    ("exact", dict(tile_n=224, pv_accumulation="single")),
+]
+
+
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.parametrize("mode,knobs", ARRIVE_CASES, ids=str)
+@pytest.mark.parametrize(
+    "shape,causal",
+    [
+        ((2, 777, 1531, 8, 2, 128), True),
+        ((1, 1531, 777, 4, 4, 128), True),  # rows with no key: work tiles whose only block is n_block -1
+        ((3, 1000, 4099, 4, 4, 128), False),  # more work tiles than one wave: the persistent loop
+        ((2, 513, 513, 4, 1, 64), False),
+        ((1, 64, 2176, 2, 2, 128), True),  # off the 256 grid
+    ],
+    ids=str,
+)
+def test_arrive_after_pv_is_bit_identical(shape, causal, mode, knobs):
+    """Note [Scheduler window after the P.V GEMM]: the hand-over moves only the order in which the two warpgroups
+    issue, never what either computes, so out and LSE equal FA4's hand-over bit for bit; a miscounted barrier would
+    hang or leave work tiles unwritten (the output memory is poisoned with NaN first)."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(hash((shape, causal, mode)) % 2**31, *shape)
+    q[0, 3, 1, 7] = math.nan
+    results = []
+    for arrive_after_pv in (False, True):
+        poison_allocator()
+        results.append(
+            flash_attn_fp8_sm90(
+                q,
+                k,
+                v,
+                causal=causal,
+                softmax_mode=mode,
+                intra_wg_overlap=False,
+                arrive_after_pv=arrive_after_pv,
+                **knobs,
+            )
+        )
+    torch.cuda.synchronize()
+    for a, b in zip(*results):
+        view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(a.view(view), b.view(view))
 
 
 @pytest.mark.gpu(arch="sm90")
@@ -349,6 +404,7 @@ def test_bad_inputs_raise(change, match):
         (dict(anchor_rounding="half_octave"), "applies to softmax_mode='rowmax_h15' only"),
         (dict(clamp="sat"), "clamp='sat' applies to softmax_mode='rowmax_h15'"),
         (dict(softmax_mode="rowmax_h15", clamp="min"), "clamp must be one of"),
+        (dict(arrive_after_pv=True, intra_wg_overlap=True), "arrive_after_pv=True with intra_wg_overlap=False"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
@@ -368,7 +424,8 @@ def test_bad_arguments_raise(kwargs, match):
         (dict(softmax_scale=0.0), ValueError, "softmax_scale must be .* > 0, got 0.0"),
         (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be .*a real number"),
         (dict(exp2_deleted="yes"), TypeError, "exp2_deleted must be a bool"),
-        (dict(tile_n=128.0), TypeError, r"tile_n must be an int, one of \(128, 160, 192, 224\)"),
+        (dict(arrive_after_pv=1), TypeError, "arrive_after_pv must be a bool"),
+        (dict(tile_n=128.0), TypeError, r"tile_n must be an int, one of \(128, 160, 192, 224, 256\)"),
         (dict(rescale_threshold=True), TypeError, "rescale_threshold must be None"),
         (dict(rescale_threshold=10**400), ValueError, "rescale_threshold must be None .* >= 0"),
         (dict(row_sum=1), TypeError, "row_sum must be a str"),

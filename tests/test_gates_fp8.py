@@ -19,7 +19,7 @@ from helpers_emulation import one_thread  # noqa: F401 (a fixture)
 from helpers_gates import OneOctaveOffBackend, fp64_scores
 
 import fa4_rowmax.__main__ as main_job
-from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
+from fa4_rowmax.config import FP8_MAX_OFFSET, FP8_TILE_NS, SoftmaxConfig
 from fa4_rowmax.gates.gates import H15_ENVELOPE, format_report, multi_tile_gate, run_gates, single_tile_gate
 from fa4_rowmax.gates.readback import read_probabilities
 from fa4_rowmax.reference.attention import attention_reference
@@ -324,7 +324,7 @@ def test_single_level_widening_covers_two_level_for_each_row_sum():
     from fa4_rowmax.gates.gates import Fp8Accumulation
 
     for row_sum in ("fadd", "mma"):
-        for tile_n in (128, 160, 192, 224):
+        for tile_n in FP8_TILE_NS:
             for keys in (1, 127, 128, 129, 512, 2048, 131072):
                 single = Fp8Accumulation(row_sum, "single", tile_n).widening_log2(keys, 2.0**-4, True)
                 two = Fp8Accumulation(row_sum, "two_level", tile_n).widening_log2(keys, 2.0**-4, True)

@@ -12,6 +12,9 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
   descales (Note [Descales] in softmax_sm90_fp8.py).
 - `last_half_block_overlap`: with row_sum="mma", the row sums from O's extra column (Note [Row sum by the
   MMA] in softmax_sm90_fp8.py).
+- `mma_one_n_block` (no intra-warpgroup overlap): the e4m3 P operand, two-level promotion, and with
+  `arrive_after_pv` the hand-over to the other warpgroup right after the P.V GEMM (Note [Scheduler window after
+  the P.V GEMM]).
 - `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [V^T at FA4's padded offsets]).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
@@ -36,6 +39,20 @@ swizzle along them). FA4's `__call__` builds the shared layouts, then asks `_get
 storage, then builds the TMA atoms and launches with `self.sV_layout`; so the override sets V's layout there,
 before the storage and the TMA atom are made from it. FA4's `transpose_view(sV)` then gives the K-major
 (head_dim_v, tile_n) operand.
+
+Note [Scheduler window after the P.V GEMM]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The two consumer warpgroups take turns issuing GEMMs through FA4's named barriers: a warpgroup's window runs
+from its `warp_scheduler_barrier_sync` to its `warp_scheduler_barrier_arrive`, and the other warpgroup issues
+nothing meanwhile. Without intra-warpgroup overlap FA4's step syncs before the P.V GEMM and arrives after issuing
+the next tile's S, so one window holds the P.V GEMM, its wait, whatever follows it (two-level: the promotion, one
+FFMA per O element) and the next S's issue; the tensor cores idle from the P.V GEMM's end to that issue, twice
+per pair of tiles. With `arrive_after_pv` the warpgroup arrives as soon as its P.V GEMM has finished: the other
+warpgroup's P.V GEMM starts at once, and this one's promotion and next S issue run beside it. The counts stay
+FA4's (one sync before the loop and one per P.V GEMM; one arrive per hand-over plus FA4's after the loop): the
+first block still arrives after its S, and block 0, the last block of every work tile (n_block_min is 0: no
+local window, no KV split), leaves its hand-over to FA4's arrive after the loop. The other warpgroup's softmax
+must then fit beside one GEMM instead of two, so this is a measured choice (`arrive_after_pv`), not a given.
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -145,6 +162,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         self.operand_dtype = OPERAND_DTYPE
         self.softmax_stage = stage
         self.two_level = stage.pv_accumulation == "two_level"
+        # Note [Scheduler window after the P.V GEMM]: the last block of every work tile is block 0 (no local
+        # window, no KV split: is_local=False above, and FA4's SM90 forward does not split here).
+        self.arrive_after_pv = stage.arrive_after_pv
+        assert not (self.arrive_after_pv and stage.intra_wg_overlap), "arrive_after_pv needs intra_wg_overlap=False"
         # FA4 pads head_dim_v to a multiple of 16; wgmma N only needs a multiple of 8, and V^T and O hold
         # exactly head_dim_v columns, so no head-dim predication either.
         self.tile_hdimv = head_dim_v
@@ -404,6 +425,14 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         return smem_pipe_read
 
     @cute.jit
+    def arrive_after_pv_gemm(self, n_block: Int32):
+        """Note [Scheduler window after the P.V GEMM]: hand the tensor cores over once this tile's P V is done,
+        except after block 0, the last of the work tile, whose hand-over is FA4's arrive after its loop."""
+        if const_expr(self.arrive_after_pv):
+            if n_block > 0:
+                self.warp_scheduler_barrier_arrive()
+
+    @cute.jit
     def mma_one_n_block(
         self,
         smem_pipe_read,
@@ -431,7 +460,8 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             self.load_tile_descale(softmax, mask_fn)
         pipeline_k.consumer_wait(smem_pipe_read, pipeline_k.consumer_try_wait(smem_pipe_read))
         acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
-        self.warp_scheduler_barrier_arrive()
+        if const_expr(not self.arrive_after_pv or is_first_n_block):
+            self.warp_scheduler_barrier_arrive()
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(smem_pipe_read)
         if const_expr(mask_fn is not None):
@@ -444,11 +474,13 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         self.warp_scheduler_barrier_sync()
         if const_expr(self.two_level):
             acc_PV = pv_gemm_fresh(mma_pv_fn, B_idx=smem_pipe_read.index, wg_wait=0)
+            self.arrive_after_pv_gemm(n_block)
             if const_expr(is_first_n_block):
                 acc_O.fill(0.0)
             softmax.promote_O(acc_O, acc_PV, row_scale)
         else:
             mma_pv_fn(B_idx=smem_pipe_read.index, wg_wait=0)
+            self.arrive_after_pv_gemm(n_block)
         pipeline_v.consumer_release(smem_pipe_read)
         smem_pipe_read.advance()
         if const_expr(softmax.row_sum_by_mma):
