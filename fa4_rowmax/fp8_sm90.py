@@ -73,21 +73,24 @@ class KernelConfig:
 # The knobs a call leaves unset take the configuration the shared benchmark measured fastest on the H200 among
 # two-level ones (every candidate passed the benchmark's gate, and two-level accumulation holds the long-row
 # accuracy contract: tests/test_fp8_sm90_long_rows.py), per softmax mode, head dim and mask: the geometric mean
-# of the speed-up over FA3-FP8 across 2K-32K keys, MHA and GQA (`python -m bench --fp8`, 2026-12-02,
-# bench/results/h200_2026-12-02_s6/bench_fp8/). Rowmax-H15 takes the clamp by saturation and the MMA row sum
-# (same values as the FMNMX clamp; the row sum of exactly the P that enters the MMA) at tile 224 without
-# intra-warpgroup overlap at head dim 128 (the largest tile whose registers fit beside the second accumulator,
-# Note [Two-level P.V accumulation]) and at tile 192 with it at head dim 64; the exact twin, bound by the MUFU,
-# gains from the larger tile too except at head dim 64 causal. A knob the caller passes wins, the table applies
-# only to two-level accumulation (a single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only
-# with the exact anchor (clamp="sat" requires it).
+# of the speed-up over FA3-FP8 across the lengths, MHA and GQA (`python -m bench --fp8`; head dim 64 and tile 128
+# to 224 from 2K-32K, bench/results/h200_2026-12-02_s6/bench_fp8/; tile 256 and the scheduler hand-over from
+# 8K-32K, bench/results/h200_2026-12-02_s8/). Rowmax-H15 takes the clamp by saturation and the MMA row sum (same
+# values as the FMNMX clamp; the row sum of exactly the P that enters the MMA) at tile 256 without
+# intra-warpgroup overlap at head dim 128 (without overlap S and the second accumulator are never live together,
+# so the largest wgmma N fits: Note [Two-level P.V accumulation]) and at tile 192 with it at head dim 64; the
+# exact twin, bound by the MUFU, gains from the larger tile too except at head dim 64 causal. Both keep FA4's
+# scheduler hand-over (`arrive_after_pv` pays only where the softmax fits beside one GEMM: Note [Scheduler window
+# after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level accumulation (a
+# single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor (clamp="sat"
+# requires it).
 TUNED_DEFAULTS = {
-    ("rowmax_h15", 128, False): dict(clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False),
-    ("rowmax_h15", 128, True): dict(clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False),
+    ("rowmax_h15", 128, False): dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False),
+    ("rowmax_h15", 128, True): dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False),
     ("rowmax_h15", 64, False): dict(clamp="sat", row_sum="mma", tile_n=192),
     ("rowmax_h15", 64, True): dict(clamp="sat", row_sum="mma", tile_n=192),
-    ("exact", 128, False): dict(row_sum="mma", tile_n=192, intra_wg_overlap=False),
-    ("exact", 128, True): dict(row_sum="mma", tile_n=192, intra_wg_overlap=False),
+    ("exact", 128, False): dict(row_sum="mma", tile_n=256, intra_wg_overlap=False),
+    ("exact", 128, True): dict(row_sum="mma", tile_n=256, intra_wg_overlap=False),
     ("exact", 64, False): dict(row_sum="mma", tile_n=192, intra_wg_overlap=False),
     ("exact", 64, True): {},
 }
