@@ -104,9 +104,8 @@ def ci_matrix(arch: str) -> list[dict]:
 # and bounds each sequence, not the softmax stage; their values are checked on the H200
 # (tests/test_fa4_varlen_paged.py). On the CPU each compiles for both families with the H15 stage in it: varlen
 # GQA, and chunked prefill over a paged cache with a page of one key tile (128: FA4 loads pages by TMA) and of
-# 64 keys (FA4's non-TMA page loads), the compile's process letting SERVING_LAYOUT_FEATURES through
-# (interface.py refuses them until tests/test_fa4_varlen_paged.py has passed on the H200). So CI proves that the
-# SM100 kernels it cannot run build with these layouts, with the exponential off the MUFU.
+# 64 keys (FA4's non-TMA page loads). So CI proves that the SM100 kernels it cannot run build with these layouts,
+# with the exponential off the MUFU.
 def serving_layouts(arch: str) -> list[dict]:
     base = dict(DEFAULT_CONFIG, mode="rowmax_h15")
     return [dict(base, varlen=True, gqa=True), dict(base, page_size=128), dict(base, page_size=64, causal=False)]
@@ -175,10 +174,6 @@ def _worker(arch: str, config: dict, dump_dir: Path) -> dict:
         # from an inherited FA4_ROWMAX_SOFTMAX_MODE (Note [Process-wide softmax mode]). "exact" with no knob is
         # stock FA4, so the stock comparison still holds. The stock copy has no such parameter and no such mode.
         knobs = dict(softmax_mode="exact")
-    if config["page_size"] is not None or config["varlen"]:
-        from fa4_rowmax import interface  # Note [Serving layouts on the CPU]
-
-        interface.FEATURES_TESTED_16BIT = interface.SERVING_LAYOUT_FEATURES
     with FakeTensorMode():
         if config["page_size"] is not None:
             # Two sequences of `seqlen` cached keys each in pages, a chunk of 100 new queries each (chunked prefill).
