@@ -68,7 +68,7 @@ def _relative_error(keys: int, v_mean: float, causal: bool, head_dim: int = 128,
     return float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref))
 
 
-# The call with no lever at head dims 128 and 64 (Note [Tuned defaults]: tile 224 without intra-warpgroup overlap,
+# The call with no lever at head dims 128 and 64 (Note [Tuned defaults]: tile 256 without intra-warpgroup overlap,
 # tile 192 with it, the MMA row sum), and FA4's overlapped step at tile 128 with either row sum.
 CONFIGS = {
     "defaults_d128": dict(head_dim=128),
