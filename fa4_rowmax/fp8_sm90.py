@@ -79,7 +79,9 @@ class KernelConfig:
 # values as the FMNMX clamp; the row sum of exactly the P that enters the MMA) at tile 256 without
 # intra-warpgroup overlap at head dim 128 (without overlap S and the second accumulator are never live together,
 # so the largest wgmma N fits: Note [Two-level P.V accumulation]) and at tile 192 with it at head dim 64; the
-# exact twin, bound by the MUFU, gains from the larger tile too except at head dim 64 causal. Both keep FA4's
+# exact twin, bound by the MUFU, takes the MMA row sum at tile 256 without overlap at head dim 128, tile 192 at
+# head dim 64 non-causal, FA4's tile 128 at head dim 64 causal (tile 256 measured 2 % faster there at 8K-32K, not
+# yet through the GPU tests as a default). Both keep FA4's
 # scheduler hand-over (`arrive_after_pv` pays only where the softmax fits beside one GEMM: Note [Scheduler window
 # after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level accumulation (a
 # single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor (clamp="sat"
