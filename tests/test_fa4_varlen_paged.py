@@ -11,8 +11,9 @@ lattice flips]), with output memory poisoned with NaN first, lengths 0 and 1 and
 bottom-right per sequence with seqlen_q != seqlen_k (rows with no key), GQA; packed and paged calls equal the
 dense and the packed call bit for bit; a NaN in V reaches exactly the rows it reaches in stock FA4 (Note [A NaN
 in a packed V]) and NaN in unused pages reaches no output.
-On the CPU: what is accepted and what stays refused, and the SM100/SM90 compiles of these layouts (Note [Serving layouts on the CPU],
-fa4_rowmax/testing/compile_check.py; tests/test_compile_sm90.py and test_compile_sm100.py run them).
+On the CPU: what is accepted and what stays refused, and the SM100/SM90 compiles of these layouts (Note [Serving
+layouts on the CPU], fa4_rowmax/testing/compile_check.py; tests/test_compile_sm90.py and test_compile_sm100.py
+run them).
 """
 
 from __future__ import annotations
