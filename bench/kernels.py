@@ -326,8 +326,15 @@ def _first(result) -> torch.Tensor:
 
 
 def _fa4_binder(knobs: dict) -> Callable:
+    """A row without a softmax_mode is stock FA4's exact attention: on a patched FA4 the call names it, since the
+    patch's default (None) would take a process-wide mode (Note [Process-wide softmax mode], fa4_rowmax/process_mode.py)
+    and FA4_ROWMAX_SOFTMAX_MODE in the benchmark's environment would turn the baseline into the approximation."""
+
     def bind(fn, q, k, v, causal):
-        return lambda: _first(fn(q, k, v, causal=causal, **knobs))
+        call_knobs = knobs
+        if "softmax_mode" not in knobs and not missing_kwargs(fn, ("softmax_mode",)):
+            call_knobs = {"softmax_mode": "exact", **knobs}
+        return lambda: _first(fn(q, k, v, causal=causal, **call_knobs))
 
     return bind
 

@@ -1,5 +1,6 @@
 """The benchmark's pure parts on CPU (statistics, plan, FLOPs, gate, writers, CLI) and, on a GPU, a --quick run."""
 
+import inspect
 import json
 import math
 import os
@@ -803,3 +804,32 @@ def test_fp8_run_times_the_peers_with_ratios(tmp_path):
     assert all(r["check"]["passed"] and r["check"]["rel_err"] < 0.06 for r in fa3), fa3
     fa4_bf16 = [r for r in rows if r["kernel"] == "fa4_stock_bf16"]
     assert all(r["speedup_vs_fa3_fp8"] is not None and r["speedup_vs_fa3_fp8"] < 1.0 for r in fa4_bf16), fa4_bf16
+
+
+def test_fa4_rows_without_a_mode_pin_exact_on_the_patched_call(monkeypatch):
+    """A row with no softmax_mode (fa4_stock, FA4 on upcast FP8, fa4_fp8_func_exact) is the exact baseline: with the
+    process-wide mode set it still calls the patched FA4 with softmax_mode='exact' (the patch's None would take the
+    process mode); a stock FA4, which has no such argument, gets none. The patched signature is FA4's own."""
+    from flash_attn.cute import flash_attn_func
+
+    from bench.kernels import _fa4_binder
+    from fa4_rowmax.interface import is_fa4_patched
+
+    assert is_fa4_patched(), "the suite runs against the patched FA4 (scripts/setup.sh)"
+    monkeypatch.setenv("FA4_ROWMAX_SOFTMAX_MODE", "rowmax_h15")
+    seen = []
+
+    def patched(q, k, v, causal=False, softmax_mode=None, **kwargs):
+        seen.append(softmax_mode)
+        return q
+
+    def stock(q, k, v, causal=False, **kwargs):
+        seen.append(kwargs.get("softmax_mode", "absent"))
+        return q
+
+    assert "softmax_mode" in inspect.signature(flash_attn_func).parameters  # the stand-in's signature is FA4's
+    x = torch.zeros(1)
+    for fn in (patched, stock):
+        _fa4_binder({})(fn, x, x, x, True)()
+    _fa4_binder({"softmax_mode": "rowmax_h15"})(patched, x, x, x, True)()
+    assert seen == ["exact", "absent", "rowmax_h15"]

@@ -5,7 +5,9 @@
 
 Each variant compiles in its own subprocess (`compile_check.compile_fp8_sm90`: causal, head dim 128,
 256 keys, so FA4's three softmax sites are unrolled); per-element counts divide by 3 * tile_n / 2 element
-sites per thread. Prints a Markdown table.
+sites per thread. Prints a Markdown table. Every variant names its structural knobs (tile 128, overlap on, FADD
+row sum, FMNMX clamp unless it says otherwise), so Note [Tuned defaults] (fa4_rowmax/fp8_sm90.py) does not move
+what a name compiles.
 """
 
 import json
@@ -49,6 +51,22 @@ VARIANTS = {
     "fa4fp8_exact_n192_mma_beta0p125": dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.125),
     "fa4fp8_exact_n192_mma_beta0p25": dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.25),
     "fa4fp8_exact_n192_mma_beta0p5": dict(softmax_mode="exact", tile_n=192, row_sum="mma", beta=0.5),
+    # The tuned defaults at head dim 128 (tile 256 without overlap) beside tile 224 and the exp2-deleted probe.
+    "fa4fp8_h15_sat_mma_n224_nooverlap": dict(
+        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False
+    ),
+    "fa4fp8_h15_sat_mma_n256_nooverlap": dict(
+        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False
+    ),
+    "fa4fp8_exact_mma_n256_nooverlap": dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False),
+    "fa4fp8_exact_noexp2_mma_n256_nooverlap": dict(
+        softmax_mode="exact", exp2_deleted=True, row_sum="mma", tile_n=256, intra_wg_overlap=False
+    ),
+}
+STRUCTURAL = dict(tile_n=128, intra_wg_overlap=True, row_sum="fadd", clamp="max")
+VARIANTS = {
+    name: {**{k: v for k, v in STRUCTURAL.items() if k != "clamp" or kw["softmax_mode"] == "rowmax_h15"}, **kw}
+    for name, kw in VARIANTS.items()
 }
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "PRMT", "SHF", "IMAD", "LOP3", "FSEL", "IADD3")
 
