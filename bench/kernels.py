@@ -946,6 +946,10 @@ def _fp8_specs() -> list[KernelSpec]:
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 224, "intra_wg_overlap": False},
         ),
         (
+            "fa4_fp8_exact_noexp_mma_n256_nooverlap",
+            {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 256, "intra_wg_overlap": False},
+        ),
+        (
             "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",
             {
                 "softmax_mode": "exact",
@@ -1001,6 +1005,7 @@ FP8_KERNELS = (
     *FP8_CANDIDATES,
     "fa4_fp8_exact_noexp_mma_n224_nooverlap",
     "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",
+    "fa4_fp8_exact_noexp_mma_n256_nooverlap",
     "fa4_stock_bf16",
     "fa3_bf16",
 )

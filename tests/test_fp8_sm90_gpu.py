@@ -107,6 +107,7 @@ LEVERS = [
         softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=224, intra_wg_overlap=False, arrive_after_pv=True
     ),
     dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True),
+    dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False),  # the hd64-causal candidate
     dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
     dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
 ]
