@@ -52,7 +52,9 @@ warpgroup's P.V GEMM starts at once, and this one's promotion and next S issue r
 FA4's (one sync before the loop and one per P.V GEMM; one arrive per hand-over plus FA4's after the loop): the
 first block still arrives after its S, and block 0, the last block of every work tile (n_block_min is 0: no
 local window, no KV split), leaves its hand-over to FA4's arrive after the loop. The other warpgroup's softmax
-must then fit beside one GEMM instead of two, so this is a measured choice (`arrive_after_pv`), not a given.
+must then fit beside one GEMM instead of two, so this is a measured choice (`arrive_after_pv`, off by default: it
+pays for the exp2-deleted probe and H15 at tile 224, and loses at tile 256 and for the MUFU-bound exact twin;
+docs/fp8_sm90.md, "Levers").
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
