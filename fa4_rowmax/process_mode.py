@@ -1,7 +1,8 @@
 """The process-wide softmax mode: what a patched FA4 call that passes no `softmax_mode` runs.
 
-For engines that call `flash_attn.cute.flash_attn_func` / `flash_attn_varlen_func` with no way to pass
-`softmax_mode` (SGLang's `fa4` prefill backend, transformers' `flash_attention_4`):
+For engines that call the installed `flash_attn.cute.flash_attn_func` / `flash_attn_varlen_func` with no way to
+pass `softmax_mode` (transformers' `flash_attention_4`; SGLang's `fa4` backend runs its own copy of FA4 unless told
+to import the installed one: docs/sglang_fa4_rowmax.md):
 
     FA4_ROWMAX_SOFTMAX_MODE=rowmax_h15 FA4_ROWMAX_RESCALE_THRESHOLD=8 python serve.py
 

@@ -16,6 +16,13 @@ estimate it; the spread over rows is recorded (`row_error_min`/`row_error_max`).
 
     .venv/bin/python -m studies.fp8_accumulator.accuracy_vs_length            # about 10 minutes, one thread
     .venv/bin/python -m studies.fp8_accumulator.accuracy_vs_length --quick    # 2K and 8K only
+    .venv/bin/python -m studies.fp8_accumulator.accuracy_vs_length --tile-n 256 --two-level-only --row-sum mma \
+        --out studies/fp8_accumulator/results/accuracy_vs_length_n256    # the tuned default (H200: 8th session)
+
+`--row-sum mma` models the kernel's row sum by the MMA (Note [Row sum by the MMA]): the ones column of V^T goes
+through the same truncating accumulator and the same per-tile promotion as O. The emulated accumulator treats each
+output column alone, so the reference run once more with V = 1 gives that column (acc_ones / l), and O / it is
+acc / acc_ones: O normalised by the emulated MMA row sum instead of the reference's fp32 one.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from fa4_rowmax.reference.attention import attention_reference
 E4M3 = torch.float8_e4m3fn
 HEAD_DIM = 128
 QK_STD = 0.35
-TILE_N = 128
+TILE_N = 128  # the default of --tile-n: the tile the H200's figures below ran with
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("exact", "rowmax_h15")
 PROMOTIONS = {"single": "none", "two_level": "tile"}
@@ -58,6 +65,20 @@ for _mode, _mean, _errors in (
     H200.update({(_mode, "two_level", _mean, n): e for n, e in zip((2048, 8192, 32768, 131072), _errors)})
 # V mean 0, single-level: published as a range over 2K-128K only (issue 22: ours exact 2.5-3.0, H15 9-11).
 H200_RANGE = {("exact", "single", 0.0): (2.5, 3.0), ("rowmax_h15", "single", 0.0): (9.0, 11.0)}
+# Two-level at tile 256, the tuned default at head dim 128 (no overlap, MMA row sum; H15 clamp by saturation):
+# tests/test_fp8_sm90_long_rows.py on the H200, same problem (bench/results/h200_2026-12-02_s8/call3/
+# long_rows_d128.log, non-causal rows).
+H200_N256 = {}
+for _mode, _mean, _errors in (
+    ("exact", 1.0, (0.200, 0.187, 0.190, 0.156)),
+    ("rowmax_h15", 1.0, (0.286, 0.211, 0.192, 0.151)),
+    ("exact", 0.25, (0.293, 0.214, 0.189, 0.173)),
+    ("rowmax_h15", 0.25, (0.908, 0.511, 0.311, 0.217)),
+    ("exact", 0.0, (2.49, 2.63, 2.98, 2.93)),
+    ("rowmax_h15", 0.0, (9.50, 10.4, 12.25, 12.26)),
+):
+    H200_N256.update({(_mode, "two_level", _mean, n): e for n, e in zip((2048, 8192, 32768, 131072), _errors)})
+H200_BY_TILE = {128: (H200, H200_RANGE), 256: (H200_N256, {})}
 # (V mean, keys, queries on the CPU)
 CASES = tuple(
     (mean, keys, queries)
@@ -88,12 +109,12 @@ def problem(v_mean: float, keys: int, queries: int, seed: int):
     return q, k, v, weights @ v64
 
 
-def emulated(q, k, v, mode: str, promotion: str) -> torch.Tensor:
+def emulated(q, k, v, mode: str, promotion: str, tile_n: int) -> torch.Tensor:
     config = SoftmaxConfig(
         mode=mode,
         max_offset=FP8_MAX_OFFSET,
         p_dtype=E4M3,
-        tile_n=TILE_N,
+        tile_n=tile_n,
         accumulator_mantissa_bits=13,
         accumulator_gemms="qk_pv",
         accumulator_promotion=promotion,
@@ -101,14 +122,18 @@ def emulated(q, k, v, mode: str, promotion: str) -> torch.Tensor:
     return attention_reference(q, k, v, config)[0][0, :, 0].double()
 
 
-def run_case(v_mean: float, keys: int, queries: int, seed: int) -> list:
+def run_case(v_mean: float, keys: int, queries: int, seed: int, tile_n: int, promotions: dict, row_sum: str) -> list:
     q, k, v, exact = problem(v_mean, keys, queries, seed)
+    ones = torch.ones_like(v)
     rows = []
     for mode in MODES:
         row = {"mode": mode, "v_mean": v_mean, "keys": keys, "queries": queries, "heads": 1, "seed": seed}
-        for name, promotion in PROMOTIONS.items():
+        row["tile_n"], row["row_sum"] = tile_n, row_sum
+        for name, promotion in promotions.items():
             start = time.perf_counter()
-            out = emulated(q, k, v, mode, promotion)
+            out = emulated(q, k, v, mode, promotion, tile_n)
+            if row_sum == "mma":
+                out = out / emulated(q, k, ones, mode, promotion, tile_n)[:, :1]
             per_row = (out - exact).norm(dim=-1) / exact.norm(dim=-1)
             row[name] = {
                 "error_percent": 100 * float((out - exact).norm() / exact.norm()),
@@ -124,14 +149,17 @@ def run_case(v_mean: float, keys: int, queries: int, seed: int) -> list:
 def compare(row: dict) -> dict:
     """`row` with the H200 figure beside each emulated error and their ratio; where the H200 figure is a range over
     2K-128K (V mean 0, single-level), the ratio is to the nearest end of the range (1 inside it)."""
+    measured, ranges = H200_BY_TILE.get(row.get("tile_n", TILE_N), ({}, {}))
     for name in PROMOTIONS:
+        if name not in row:
+            continue
         result, key = row[name], (row["mode"], name, row["v_mean"])
-        if key in H200_RANGE:
-            low, high = H200_RANGE[key]
+        if key in ranges:
+            low, high = ranges[key]
             result["h200_percent_range"] = [low, high]
             result["ratio_to_h200"] = result["error_percent"] / min(max(result["error_percent"], low), high)
-        elif (*key, row["keys"]) in H200:
-            result["h200_percent"] = H200[(*key, row["keys"])]
+        elif (*key, row["keys"]) in measured:
+            result["h200_percent"] = measured[(*key, row["keys"])]
             result["ratio_to_h200"] = result["error_percent"] / result["h200_percent"]
     return row
 
@@ -157,17 +185,20 @@ def markdown(summary: dict) -> str:
         f"Code {summary['commit']}, torch {summary['torch']}; {summary['settings']}",
         "",
         "Relative Frobenius error of O vs fp64 attention on the same e4m3 inputs. Emulated: the reference with "
-        "13-bit truncating FP8 accumulation in Q K^T and P V, FA4's FP8 rules, tile_n 128, threshold 0 (the SM90 "
-        "FP8 forward's defaults); in brackets the smallest and largest per-row error. H200: this project's SM90 "
-        "FP8 forward, 256 queries x 4 heads per cell; single-level from issue 22 (FA3-FP8 measured the same in "
-        "exact mode), two-level from bench/results/h200_2026-12-02_s6/. Ratio = emulated / H200.",
+        "13-bit truncating FP8 accumulation in Q K^T and P V, FA4's FP8 rules, "
+        f"tile_n {summary.get('tile_n', TILE_N)}, row sum {summary.get('row_sum', 'fadd')}, threshold 0; "
+        "in brackets the smallest and largest per-row error. "
+        "H200: this project's SM90 "
+        "FP8 forward at the same tile, 256 queries x 4 heads per cell; at tile 128 single-level from issue 22 "
+        "(FA3-FP8 measured the same in exact mode) and two-level from bench/results/h200_2026-12-02_s6/; at tile "
+        "256 (two-level only) from bench/results/h200_2026-12-02_s8/. Ratio = emulated / H200.",
         "",
         "| mode | V mean | keys | CPU queries | H200 single-level | emulated single-level | ratio | H200 two-level "
         "| emulated two-level | ratio |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in summary["rows"]:
-        single, two = _cell(row["single"]), _cell(row["two_level"])
+        single, two = (_cell(row[name]) if name in row else ("-", "not run", "-") for name in PROMOTIONS)
         lines.append(
             f"| {row['mode']} | {row['v_mean']} | {_keys(row['keys'])} | {row['queries']} | {single[0]} | {single[1]} "
             f"| {single[2]} "
@@ -185,7 +216,7 @@ def verdict(rows: list) -> str:
                 ratios = [
                     r[name]["ratio_to_h200"]
                     for r in rows
-                    if r["mode"] == mode and r["v_mean"] in means and "ratio_to_h200" in r[name]
+                    if r["mode"] == mode and r["v_mean"] in means and "ratio_to_h200" in r.get(name, {})
                 ]
                 if ratios:
                     parts.append(
@@ -203,6 +234,9 @@ def main() -> None:
     # than two (the pool's synchronisation dominates).
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--render", action="store_true", help="rewrite the comparison and the .md from the .json only")
+    ap.add_argument("--tile-n", type=int, default=TILE_N, choices=sorted(H200_BY_TILE), help="the kernel's KV tile")
+    ap.add_argument("--two-level-only", action="store_true", help="skip single-level (not measured at tile 256)")
+    ap.add_argument("--row-sum", choices=("fadd", "mma"), default="fadd", help="the kernel's row sum (see above)")
     args = ap.parse_args()
     if args.render:
         summary = json.loads(args.out.with_suffix(".json").read_text())
@@ -214,7 +248,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cases = [c for c in CASES if not args.quick or c[1] <= 8192]
     start = time.perf_counter()
-    rows = [row for v_mean, keys, queries in cases for row in run_case(v_mean, keys, queries, args.seed)]
+    promotions = {"two_level": PROMOTIONS["two_level"]} if args.two_level_only else PROMOTIONS
+    rows = [
+        row
+        for v_mean, keys, queries in cases
+        for row in run_case(v_mean, keys, queries, args.seed, args.tile_n, promotions, args.row_sum)
+    ]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     summary = {
         "question": "does the emulated FP8 accumulator predict the H200's single- and two-level errors?",
@@ -222,10 +261,13 @@ def main() -> None:
         "torch": torch.__version__,
         "settings": (
             f"head dim {HEAD_DIM}, one head, q, k ~ {QK_STD} N(0, 1), V ~ N(mean, 1), e4m3, non-causal, "
-            f"modes {', '.join(MODES)}, max_offset {FP8_MAX_OFFSET}, P e4m3, threshold 0, tile_n {TILE_N}, "
+            f"modes {', '.join(MODES)}, max_offset {FP8_MAX_OFFSET}, P e4m3, threshold 0, tile_n {args.tile_n}, "
+            f"row sum {args.row_sum}, "
             f"accumulator 13 fraction bits (Q K^T and P V), seed {args.seed}"
         ),
         "seconds": round(time.perf_counter() - start, 1),
+        "tile_n": args.tile_n,
+        "row_sum": args.row_sum,
         "rows": rows,
     }
     summary["verdict"] = verdict(rows)
