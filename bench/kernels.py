@@ -182,35 +182,32 @@ FP8_LEVERS = {
 # Candidates for the FP8 forward's tuned defaults (issue 22 item 3: the fastest configuration that passes every
 # accuracy check), all two-level: the clamp by saturation and the MMA row sum (the levers that free registers), at
 # KV tile 128 with FA4's intra-warpgroup overlap (the largest tile whose registers fit beside the second accumulator
-# at head dim 128) and at 192 / 224 / 256 without it (Note [Two-level P.V accumulation]), there with FA4's scheduler
-# hand-over and with the hand-over right after the P.V GEMM ("_arrive": Note [Scheduler window after the P.V GEMM]).
+# at head dim 128) and at 192 / 224 / 256 without it (Note [Two-level P.V accumulation]). The hand-over right after
+# the P.V GEMM (`arrive_after_pv`, Note [Scheduler window after the P.V GEMM]) is a lever row (FP8_LEVERS, the
+# "_arrive" names): the eighth H200 session measured it losing at tile 256 and on the exact twin.
 NO_OVERLAP_TILE_NS = (192, 224, 256)
 FP8_CANDIDATES = {
     "fa4_fp8_h15_sat_mma": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma"},
     **{
-        f"fa4_fp8_h15_sat_mma_n{n}_nooverlap{'_arrive' if arrive else ''}": {
+        f"fa4_fp8_h15_sat_mma_n{n}_nooverlap": {
             "softmax_mode": "rowmax_h15",
             "clamp": "sat",
             "row_sum": "mma",
             "tile_n": n,
             "intra_wg_overlap": False,
-            "arrive_after_pv": arrive,
         }
         for n in NO_OVERLAP_TILE_NS
-        for arrive in (False, True)
     },
     "fa4_fp8_h15_sat_mma_n192": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma", "tile_n": 192},
     "fa4_fp8_exact_mma": {"softmax_mode": "exact", "row_sum": "mma"},
     **{
-        f"fa4_fp8_exact_mma_n{n}_nooverlap{'_arrive' if arrive else ''}": {
+        f"fa4_fp8_exact_mma_n{n}_nooverlap": {
             "softmax_mode": "exact",
             "row_sum": "mma",
             "tile_n": n,
             "intra_wg_overlap": False,
-            "arrive_after_pv": arrive,
         }
         for n in NO_OVERLAP_TILE_NS
-        for arrive in (False, True)
     },
     "fa4_fp8_exact_mma_n192": {"softmax_mode": "exact", "row_sum": "mma", "tile_n": 192},
 }
@@ -911,6 +908,11 @@ def _fp8_specs() -> list[KernelSpec]:
     ]
     variants += list(FP8_LEVERS.items())
     variants += list(FP8_CANDIDATES.items())
+    variants += [
+        (f"{name}_arrive", {**knobs, "arrive_after_pv": True})
+        for name, knobs in FP8_CANDIDATES.items()
+        if knobs.get("intra_wg_overlap") is False
+    ]
     # The rows above name their structure; the kernel's tuned defaults (fp8_sm90, Note [Tuned defaults]) fill
     # only what the call leaves out, so each row passes the rest at its stock value. The accumulation rows below
     # are what a user gets: the defaults.
@@ -1004,7 +1006,6 @@ FP8_KERNELS = (
     "fa4_fp8_exact_noexp_two_level",
     *FP8_CANDIDATES,
     "fa4_fp8_exact_noexp_mma_n224_nooverlap",
-    "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",
     "fa4_fp8_exact_noexp_mma_n256_nooverlap",
     "fa4_stock_bf16",
     "fa3_bf16",

@@ -166,8 +166,9 @@ def test_cli_dry_run_of_the_accuracy_study_and_the_combined_run(capsys, monkeypa
     assert "x 2 key counts (1K, 128K)" in out and "120 cells" in out
     assert "settings: preset=fp8" in out and "40 groups" in out
     line = next(line for line in out.splitlines() if line.startswith("on an H200"))
-    # every sm_90-supported row times rounds x calls_per_round calls (7 x 3 by default); FA4 stock takes no FP8 there
-    assert "880 rows to time, 18480 timed calls" in line and "136 kernel compilations" in line
+    # every sm_90-supported row times rounds x calls_per_round calls (7 x 3 by default); FA4 stock takes no FP8 there.
+    # 25 rows a group (FP8_KERNELS) in 40 groups: 1000 rows, 21000 calls; 20 FP8-forward rows x 8 compile shapes.
+    assert "1000 rows to time, 21000 timed calls" in line and "160 kernel compilations" in line
     for bad, message in (
         (("--with-accuracy", "--dry-run"), "--with-accuracy goes with --fp8"),
         (("--fp8-accuracy", "--fp8", "--dry-run"), "presets; choose one"),

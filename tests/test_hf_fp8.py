@@ -68,7 +68,8 @@ def test_fp8_simulator_runs_at_the_kernels_tile():
     assert hf.simulator_config(h15, 0, 2, 64, True).tile_n == TUNED_DEFAULTS[("rowmax_h15", 64, True)]["tile_n"]
     assert hf.simulator_config(h15_single, 0, 2, 64, True).tile_n == default != 192
     assert hf.simulator_config(hf.MODES["exact_fp8_ksmooth"], 0, 2, 64, True).tile_n == default
-    assert hf.simulator_config(hf.MODES["exact_fp8_ksmooth"], 0, 2, 128, True).tile_n == 192
+    exact_d128 = TUNED_DEFAULTS[("exact", 128, True)]["tile_n"]
+    assert hf.simulator_config(hf.MODES["exact_fp8_ksmooth"], 0, 2, 128, True).tile_n == exact_d128 != default
     bf16p = hf.MODES["exact_bf16p"]
     assert hf.simulator_config(bf16p, 0, 2, 64, True) == bf16p.config(0, 2)
 

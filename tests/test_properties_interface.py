@@ -131,7 +131,7 @@ def _bad_fp8_calls():
     cases += [(f"validate {label}", dict(validate=value), ("validate",)) for label, value in NOT_A_BOOL]
     for name in ("exp2_deleted", "rescale_vote"):
         cases += [(f"{name} {label}", {name: value}, (name,)) for label, value in NOT_A_BOOL]
-    for value in (128.0, True, "128", 96, 256):
+    for value in (128.0, True, "128", 96, 288):
         cases.append((f"tile_n {value!r}", dict(tile_n=value), ("tile_n",)))
     for label, value in [("bool", True), ("nan", math.nan), ("negative", -1.0), ("str", "8")]:
         cases.append((f"rescale_threshold {label}", dict(rescale_threshold=value), ("rescale_threshold",)))
