@@ -80,9 +80,22 @@ REFUSAL_REASONS = {
     "num_splits": (
         " (split-KV serves decode, one query per sequence, which is memory-bound: a cheaper exponential gains "
         "nothing there, and the merge of per-split LSEs is not defined for the approximate weights; a decode "
-        "step runs unsplit through the stage)"
+        "step runs unsplit through the stage; num_splits <= 0, FA4's 'choose', is accepted and runs unsplit)"
     ),
 }
+
+
+# Note [num_splits=0 under a softmax stage]
+# FA4 reads num_splits < 1 as "let the split heuristic choose" (interface._tile_size_fwd / num_splits_heuristic),
+# and engines pass it that way (SGLang's fa4 prefill passes 0: docs/sglang_fa4_rowmax.md). One split is a choice
+# the heuristic itself makes for every prefill-sized call, and the only one a softmax stage supports (split-KV is
+# refused above), so under a stage a request to choose is accepted and resolved to 1 (patch 0001 sets it before
+# FA4 plans the launch; the SM90 FP8 forward never splits). The mode is unchanged: only the split count is chosen.
+# An explicit num_splits > 1 stays refused.
+def split_request_runs_unsplit(num_splits) -> bool:
+    """True for FA4's "choose" request (num_splits < 1), which a softmax stage resolves to one split
+    (Note [num_splits=0 under a softmax stage])."""
+    return isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits < 1
 # The SM90 FP8 forward (fa4_rowmax/fp8_sm90.py) takes FA4's varlen arguments and the descales, each tested on the
 # H200 there (tests/test_fp8_sm90_varlen.py, tests/test_fp8_sm90_gpu.py); it refuses every other feature.
 FP8_SM90_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
@@ -116,6 +129,8 @@ def refuse_untested_features(
     for name, value in features.items():
         stock = FEATURE_STOCK_VALUES[name]
         if name in tested or value is stock or (stock is not None and value == stock):
+            continue
+        if name == "num_splits" and split_request_runs_unsplit(value):
             continue
         reason = reasons.get(name, " (no GPU test covers it yet)")
         raise ValueError(f"{name} is not supported {where}{reason}; accepted: {name}={stock!r}{accepted}")

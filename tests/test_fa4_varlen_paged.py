@@ -71,6 +71,32 @@ def test_split_kv_stays_refused_and_says_why():
         softmax_stage("rowmax_h15").for_kernel(arch=90, q_dtype=torch.bfloat16, features={"num_splits": 4})
 
 
+@pytest.mark.parametrize("num_splits", [0, -1])
+@pytest.mark.parametrize("arch, dtype", [(90, torch.bfloat16), (100, torch.bfloat16), (100, torch.float8_e4m3fn)])
+def test_a_request_to_choose_the_split_count_is_accepted(num_splits, arch, dtype):
+    """num_splits <= 0 is FA4's "let the heuristic choose", which engines pass (SGLang's fa4 prefill: 0); under a
+    stage it runs unsplit (Note [num_splits=0 under a softmax stage]), so it is accepted for every input dtype."""
+    stage = softmax_stage("rowmax_h15").for_kernel(arch=arch, q_dtype=dtype, features={"num_splits": num_splits})
+    assert stage.mode == "rowmax_h15"
+    for refused in (2, 4):
+        with pytest.raises(ValueError, match=r"^num_splits is not supported"):
+            softmax_stage("rowmax_h15").for_kernel(arch=arch, q_dtype=dtype, features={"num_splits": refused})
+
+
+def test_the_patch_resolves_a_split_request_to_one_split_under_a_stage():
+    """Patch 0001 sets num_splits = 1 right after the stage accepted the call's features, before FA4 plans the
+    launch (`_tile_size_fwd` would otherwise run its split heuristic on num_splits < 1), and only on the stage's
+    branch: stock FA4 keeps its heuristic."""
+    from fa4_rowmax.patching import PATCH_DIR
+
+    diff = (PATCH_DIR / "0001-interface-softmax-mode.diff").read_text()
+    branch = diff.split("+    if softmax_stage is not None:\n", 1)[1].split("\n     if is_fp8 and requires_grad:", 1)[0]
+    lines = branch.splitlines()
+    assert lines[0].startswith("+        softmax_stage = softmax_stage.for_kernel(")
+    assert lines[-1].startswith("+        num_splits = 1  # Note [num_splits=0 under a softmax stage]")
+    assert all(line.startswith("+        ") for line in lines), "the assignment must stay inside the stage's branch"
+
+
 # ----------------------------------------------------------------------------------------------------
 # On a GPU.
 # ----------------------------------------------------------------------------------------------------
@@ -305,3 +331,29 @@ def test_paged_kv_with_a_dense_batch_of_queries(fa4):
     for b in range(batch):
         keys = slice(cu_k[b], cu_k[b + 1])
         _check_sequences(out[b], lse[b], q[b], k[keys], v[keys], (seqlen_q,), (lengths_k[b],), True, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_a_split_request_runs_unsplit_bit_for_bit(fa4, dtype):
+    """num_splits=0 (FA4's "choose", SGLang's prefill value) under rowmax_h15 equals num_splits=1 bit for bit, on a
+    decode-like shape where FA4's heuristic would split (few rows, many keys) and on a prefill shape; BF16 through
+    FA4's forward, e4m3 through the SM90 FP8 forward (Note [num_splits=0 under a softmax stage])."""
+    if dtype is torch.float8_e4m3fn and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the packed FP8 forward with a stage runs on SM90 (FA4's SM100 FP8 path is dense only)")
+    for lengths_q, lengths_k in (((1, 1), (4000, 3000)), ((300, 129), (300, 640))):
+        q = _packed(41, lengths_q, 8, 128, torch.bfloat16, std=2.0).to(dtype)
+        k, v = (_packed(42 + i, lengths_k, 2, 128, torch.bfloat16).to(dtype) for i in (0, 1))
+        cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
+        results = []
+        for num_splits in (1, 0):
+            poison_allocator()
+            with torch.no_grad():
+                results.append(fa4(
+                    q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
+                    max_seqlen_k=max(lengths_k), causal=True, return_lse=True, softmax_mode="rowmax_h15",
+                    num_splits=num_splits,
+                ))  # fmt: skip
+        (out1, lse1), (out0, lse0) = results
+        assert not torch.isnan(out1.float()).any()
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1), (lengths_q, lengths_k)
