@@ -16,6 +16,8 @@ through a `flash_attn_with_kvcache` that FA4 does not have; a name registered th
 `transformers.AttentionInterface` as `paged|<name>` is called with the same arguments instead (the
 `PagedAttentionCache`, `cu_seq_lens_q/k`, `max_seqlen_q/k`, `read_index`/`write_index`).
 
+`fp8_prefill=True` runs prefill steps on e4m3 inputs (Note [FP8 prefill steps]); name suffix `_fp8`.
+
 `backend="reference"` swaps the FA4 call for the semantic reference `attention_reference` (varlen, same mode,
 fp32 arithmetic; fp64 for fp64 models), so the whole path runs on the CPU; `backend="kernel"` is FA4 and needs
 CUDA and BF16/FP16.
@@ -43,6 +45,15 @@ same bits as unpatched FA4; passed explicitly, so a process-wide mode (FA4_ROWMA
 one query row per sequence is memory-bound, and a cheaper exponential gains nothing there. `steps` counts both
 kinds (at layer 0) so a run can report how its tokens were produced.
 
+Note [FP8 prefill steps]
+With `fp8_prefill=True` a prefill step casts q, K and V to e4m3 (scale 1, saturating: `hf.to_e4m3`, the quality
+study's cast) after K smoothing (Note [K smoothing for FP8] in hf.py), and calls the same
+`flash_attn_varlen_func`, which on an H200 routes e4m3 inputs to the SM90 FP8 forward (varlen, two-level P.V,
+the tuned defaults: no extra argument) and returns BF16. In a packed step K's mean is taken over every packed key
+of a KV head, across sequences: the scores of a row then all move by the same q . mean, which leaves its softmax
+unchanged whatever sequence the row is in, so one mean serves the whole step. Decode steps stay stock BF16 FA4 on
+the BF16 cache (Note [Prefill and decode steps]); the cache itself stays BF16.
+
 Note [No CUDA graphs]
 The reference syncs with the host (its per-sequence lengths), and FA4 under a captured graph is untested here, so
 the function refuses a capturing stream by name. Pass `ContinuousBatchingConfig(use_cuda_graph=False)`.
@@ -55,7 +66,7 @@ from typing import Callable
 
 import torch
 
-from fa4_rowmax.config import KERNEL_MODES, SoftmaxConfig, check_real
+from fa4_rowmax.config import FP8_MAX_OFFSET, KERNEL_MODES, SoftmaxConfig, check_real
 
 BACKENDS = ("kernel", "reference")
 NAME_PREFIX = "paged|fa4_"
@@ -64,11 +75,22 @@ NAME_PREFIX = "paged|fa4_"
 STOCK_KNOBS = {"softmax_mode": "exact"}
 
 
-def attention_name(mode: str, rescale_threshold: float | None = None, backend: str = "kernel") -> str:
-    """`paged|fa4_<mode>[_t<threshold>][_reference]`: the `paged|` prefix makes transformers' continuous batching
-    use it as is; no `flash` in the name, or transformers would take it for its own flash path."""
+def attention_name(
+    mode: str, rescale_threshold: float | None = None, backend: str = "kernel", fp8_prefill: bool = False
+) -> str:
+    """`paged|fa4_<mode>[_t<threshold>][_fp8][_reference]`: the `paged|` prefix makes transformers' continuous
+    batching use it as is; no `flash` in the name, or transformers would take it for its own flash path."""
     threshold = "" if rescale_threshold is None else f"_t{rescale_threshold:g}"
-    return f"{NAME_PREFIX}{mode}{threshold}{'' if backend == 'kernel' else '_' + backend}"
+    fp8 = "_fp8" if fp8_prefill else ""
+    return f"{NAME_PREFIX}{mode}{threshold}{fp8}{'' if backend == 'kernel' else '_' + backend}"
+
+
+def fp8_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Packed q, k, v (tokens, heads, dim) in e4m3, K smoothed over the step's packed keys first (Note [FP8 prefill
+    steps])."""
+    from fa4_rowmax.hf import smooth_k, to_e4m3
+
+    return tuple(to_e4m3(x)[0] for x in (q, smooth_k(k[None])[0], v))
 
 
 @dataclass
@@ -83,8 +105,8 @@ def fa4_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     """The patched FA4 varlen forward, causal; `knobs` are its softmax arguments (`STOCK_KNOBS`: stock FA4)."""
     from flash_attn.cute import flash_attn_varlen_func
 
-    if q.device.type != "cuda" or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"backend='kernel' needs CUDA BF16/FP16 tensors, got query {q.dtype} on {q.device}")
+    if q.device.type != "cuda" or q.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        raise ValueError(f"backend='kernel' needs CUDA BF16/FP16/e4m3 tensors, got query {q.dtype} on {q.device}")
     result = flash_attn_varlen_func(
         q,
         k,
@@ -105,14 +127,16 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     inputs). Query and key rows past the last sequence (transformers' padding) give 0."""
     from fa4_rowmax.reference.attention import attention_reference
 
-    exact64 = q.dtype == torch.float64
+    exact64, fp8 = q.dtype == torch.float64, q.dtype == torch.float8_e4m3fn
+    # e4m3 inputs: P in e4m3 with FA4's FP8 offset, as the FP8 kernel (the quality study's FP8 config, hf._fp8_mode).
+    p_fields = {"max_offset": FP8_MAX_OFFSET, "p_dtype": torch.float8_e4m3fn} if fp8 else {}
+    if exact64:
+        p_fields = {"p_dtype": torch.float64}
     config = SoftmaxConfig(
-        mode=knobs["softmax_mode"],
-        rescale_threshold=knobs.get("rescale_threshold", 0.0),
-        p_dtype=torch.float64 if exact64 else None,
+        mode=knobs["softmax_mode"], rescale_threshold=knobs.get("rescale_threshold", 0.0), **p_fields
     )
     total_q, total_k = int(cu_seqlens_q[-1]), int(cu_seqlens_k[-1])
-    out = torch.zeros_like(q)
+    out = torch.zeros(q.shape, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     out[:total_q] = attention_reference(
         q[:total_q],
         k[:total_k],
@@ -139,6 +163,7 @@ class PagedAttention:
     mode: str
     knobs: dict  # FA4 softmax arguments of prefill steps
     attend: Callable
+    fp8_prefill: bool = False  # Note [FP8 prefill steps]
     steps: StepCounts = field(default_factory=StepCounts)
 
     def __call__(
@@ -201,15 +226,23 @@ class PagedAttention:
             else:
                 self.steps.decode += 1
         knobs = self.knobs if prefill else STOCK_KNOBS
-        out = self.attend(q, k.contiguous(), v.contiguous(), cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, knobs)
-        return out, None
+        k, v = k.contiguous(), v.contiguous()
+        if prefill and self.fp8_prefill:
+            q, k, v = fp8_operands(q, k, v)
+        out = self.attend(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, knobs)
+        return out.to(query.dtype), None
 
 
 def make_paged_attention(
-    mode: str = "rowmax_h15", rescale_threshold: float | None = None, backend: str = "kernel"
+    mode: str = "rowmax_h15",
+    rescale_threshold: float | None = None,
+    backend: str = "kernel",
+    fp8_prefill: bool = False,
 ) -> PagedAttention:
-    """The paged attention function for FA4 softmax `mode` (one of `KERNEL_MODES`) in prefill steps; `exact` with no
-    threshold is stock FA4 throughout."""
+    """The paged attention function for FA4 softmax `mode` (one of `KERNEL_MODES`) in prefill steps, on e4m3 inputs
+    with `fp8_prefill` (Note [FP8 prefill steps]); `exact` with no threshold and no FP8 is stock FA4 throughout."""
+    if not isinstance(fp8_prefill, bool):
+        raise ValueError(f"fp8_prefill must be True or False, got {fp8_prefill!r}")
     if mode not in KERNEL_MODES:
         raise ValueError(f"mode must be one of {KERNEL_MODES}, got {mode!r}")
     if backend not in BACKENDS:
@@ -219,17 +252,20 @@ def make_paged_attention(
         knobs["rescale_threshold"] = check_real("rescale_threshold", rescale_threshold, 0.0)
     if backend == "kernel" and not torch.cuda.is_available():
         raise RuntimeError(f"backend='kernel' needs CUDA (mode {mode!r}); use backend='reference' on the CPU")
-    name = attention_name(mode, rescale_threshold, backend)
-    return PagedAttention(name=name, mode=mode, knobs=knobs, attend=ATTEND[backend])
+    name = attention_name(mode, rescale_threshold, backend, fp8_prefill)
+    return PagedAttention(name=name, mode=mode, knobs=knobs, attend=ATTEND[backend], fp8_prefill=fp8_prefill)
 
 
 def register(
-    mode: str = "rowmax_h15", rescale_threshold: float | None = None, backend: str = "kernel"
+    mode: str = "rowmax_h15",
+    rescale_threshold: float | None = None,
+    backend: str = "kernel",
+    fp8_prefill: bool = False,
 ) -> PagedAttention:
     """Register `make_paged_attention(...)` with `transformers.AttentionInterface` under its `name`; returns it
     (`model.set_attn_implementation(attention.name)`, then `model.generate_batch(...)`)."""
     from transformers import AttentionInterface
 
-    attention = make_paged_attention(mode, rescale_threshold, backend)
+    attention = make_paged_attention(mode, rescale_threshold, backend, fp8_prefill)
     AttentionInterface.register(attention.name, attention)
     return attention

@@ -139,6 +139,65 @@ def test_each_call_matches_the_fp64_reference_per_sequence(mode):
             assert (excess <= 0).all(), float(excess.max())
 
 
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_fp8_prefill_casts_smoothed_operands_and_matches_the_fp64_reference(mode):
+    # Note [FP8 prefill steps]: prefill calls get e4m3 q, K (smoothed over the step's packed keys) and V; decode calls
+    # the model's own dtype. Each prefill sequence against the fp64 reference of the same e4m3 inputs with P in e4m3
+    # and FA4's FP8 offset, within that config's per-row bounds; and the smoothing leaves the softmax unchanged: the
+    # run's log-probabilities stay within FP8's error of the BF16-prefill run's, not a shifted distribution.
+    from fa4_rowmax.config import FP8_MAX_OFFSET
+
+    model, inputs = tiny_qwen2(4, torch.float32), prompts(4)
+    attention = hf_paged.register(mode, rescale_threshold=0.0, backend="reference", fp8_prefill=True)
+    assert attention.name == f"paged|fa4_{mode}_t0_fp8_reference"
+    calls = record_calls(attention)
+    got = generate(model, attention.name, inputs)
+    prefill = [c for c in calls if int(c["cu_q"].diff().max()) > 1]
+    decode = [c for c in calls if int(c["cu_q"].diff().max()) == 1]
+    assert prefill and decode
+    assert all(c[x].dtype == torch.float8_e4m3fn for c in prefill for x in "qkv")
+    assert all(c[x].dtype == torch.float32 for c in decode for x in "qkv")
+    config = SoftmaxConfig(mode=mode, max_offset=FP8_MAX_OFFSET, p_dtype=torch.float8_e4m3fn)
+    for call in prefill:
+        # smoothed K: its mean over the packed keys is within e4m3's rounding of 0, per head
+        k = call["k"][: int(call["cu_k"][-1])].float()
+        assert (k.mean(0).abs() <= 2.0**-4 * k.abs().amax(0) + 1e-6).all()
+        assert call["out"].dtype == torch.bfloat16
+        for (q, k, v), out in _per_sequence(call):
+            ref = attention_reference(
+                q, k, v, config, causal=True, softmax_scale=call["scale"], compute_dtype=torch.float64
+            )[0]
+            bound = kernel_bounds(q, k, v, config, causal=True, softmax_scale=call["scale"]).out
+            # BF16 output: half a BF16 ulp of each value on top of the fp32-computation bound
+            rounding = out.double().abs().amax(-1, keepdim=True) * 2.0**-8
+            excess = (out.double() - ref).abs().amax(-1, keepdim=True) - bound.double() - rounding
+            assert (excess <= 0).all(), float(excess.max())
+    for p in got:
+        assert all(math.isfinite(x) for x in got[p].logprobs)
+
+
+def test_one_k_mean_over_a_packed_step_leaves_every_sequences_softmax_unchanged():
+    # Note [FP8 prefill steps]: K minus the mean of all packed keys of a head (across sequences) shifts each row's
+    # scores by one constant, so exact fp64 attention per sequence is unchanged (to fp64 rounding of scores ~ 40);
+    # checked on K with a large mean, three packed sequences, GQA, before the e4m3 cast (which `fp8_operands` applies
+    # after the same smoothing: its K has mean ~0).
+    from fa4_rowmax.hf import smooth_k
+
+    gen = torch.Generator().manual_seed(5)
+    lengths = (7, 33, 20)
+    cu = torch.tensor([0, 7, 40, 60], dtype=torch.int32)
+    q = torch.randn(60, 4, 64, generator=gen, dtype=torch.float64)
+    k = torch.randn(60, 2, 64, generator=gen, dtype=torch.float64) + 5.0 * torch.randn(2, 64, generator=gen).double()
+    v = torch.randn(60, 2, 64, generator=gen, dtype=torch.float64)
+    config = SoftmaxConfig(mode="exact", p_dtype=torch.float64)
+    args = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, compute_dtype=torch.float64)
+    plain = attention_reference(q, k, v, config, **args)[0]
+    smoothed = attention_reference(q, smooth_k(k[None])[0], v, config, **args)[0]
+    assert sum(lengths) == 60 and (plain - smoothed).abs().max() < 1e-12
+    _, k8, _ = hf_paged.fp8_operands(q.float(), k.float(), v.float())
+    assert k8.dtype == torch.float8_e4m3fn and k8.float().mean(0).abs().max() < 0.05
+
+
 def test_prefill_runs_the_mode_and_decode_runs_stock():
     # Note [Prefill and decode steps]: steps with several queries in some sequence get the mode's knobs, steps of
     # one query per sequence stock FA4 by name; the mode reaches the model (its log-probabilities move).
@@ -160,6 +219,9 @@ def test_prefill_runs_the_mode_and_decode_runs_stock():
 def test_names_and_bad_input():
     assert hf_paged.attention_name("rowmax_h15", 8.0) == "paged|fa4_rowmax_h15_t8"
     assert hf_paged.attention_name("exact", None, "reference") == "paged|fa4_exact_reference"
+    assert hf_paged.attention_name("rowmax_h15", None, "kernel", True) == "paged|fa4_rowmax_h15_fp8"
+    with pytest.raises(ValueError, match="fp8_prefill must be True or False"):
+        hf_paged.make_paged_attention("exact", backend="reference", fp8_prefill="yes")
     with pytest.raises(ValueError, match="mode must be one of"):
         hf_paged.make_paged_attention("baps", backend="reference")
     with pytest.raises(ValueError, match="backend must be one of"):
@@ -181,12 +243,14 @@ def test_names_and_bad_input():
 
 
 def test_engine_benchmark_cpu_smoke(tmp_path):
-    # The benchmark's --tiny mode end to end on the CPU (random model, reference backend): its JSON names both modes,
-    # exact agrees with itself token for token, and every number it reports is finite.
+    # The benchmark's --tiny mode end to end on the CPU (random model, reference backend): its JSON names every row
+    # (the FP8 rows run through the reference on the CPU), exact agrees with itself token for token, and every number
+    # it reports is finite.
     assert engine_e2e.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "engine_e2e.json").read_text())
     modes = result["modes"]
-    assert set(modes) == {"exact", "rowmax_h15"}
+    assert set(modes) == {"exact", "rowmax_h15", "exact_fp8", "rowmax_h15_fp8"} and result["settings"]["fp8"] == "run"
+    assert modes["rowmax_h15_fp8"]["attention"] == "paged|fa4_rowmax_h15_fp8_reference"
     assert modes["exact"]["token_agreement"] == 1.0
     assert all(p is None for p in modes["exact"]["first_divergence"])
     for mode in modes.values():
