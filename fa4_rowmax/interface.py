@@ -96,6 +96,8 @@ def split_request_runs_unsplit(num_splits) -> bool:
     """True for FA4's "choose" request (num_splits < 1), which a softmax stage resolves to one split
     (Note [num_splits=0 under a softmax stage])."""
     return isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits < 1
+
+
 # The SM90 FP8 forward (fa4_rowmax/fp8_sm90.py) takes FA4's varlen arguments and the descales, each tested on the
 # H200 there (tests/test_fp8_sm90_varlen.py, tests/test_fp8_sm90_gpu.py); it refuses every other feature.
 FP8_SM90_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
