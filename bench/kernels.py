@@ -186,11 +186,6 @@ FP8_LEVERS = {
 # the P.V GEMM (`arrive_after_pv`, Note [Scheduler window after the P.V GEMM]) is a lever row (FP8_LEVERS, the
 # "_arrive" names): the eighth H200 session measured it losing at tile 256 and on the exact twin.
 NO_OVERLAP_TILE_NS = (192, 224, 256)
-PERSISTENT_CANDIDATES = (
-    "fa4_fp8_h15_sat_mma_n256_nooverlap",
-    "fa4_fp8_exact_mma_n256_nooverlap",
-    "fa4_fp8_h15_sat_mma_n192",
-)
 FP8_CANDIDATES = {
     "fa4_fp8_h15_sat_mma": {"softmax_mode": "rowmax_h15", "clamp": "sat", "row_sum": "mma"},
     **{
@@ -918,11 +913,6 @@ def _fp8_specs() -> list[KernelSpec]:
         for name, knobs in FP8_CANDIDATES.items()
         if knobs.get("intra_wg_overlap") is False
     ]
-    # The persistent grid (Note [Persistent work tiles], stage/flash_fwd_sm90_fp8.py) on the tuned configurations:
-    # lever rows ("_persistent"), not in the --fp8 preset until measured.
-    variants += [
-        (f"{name}_persistent", {**FP8_CANDIDATES[name], "persistent": True}) for name in PERSISTENT_CANDIDATES
-    ]
     # The rows above name their structure; the kernel's tuned defaults (fp8_sm90, Note [Tuned defaults]) fill
     # only what the call leaves out, so each row passes the rest at its stock value. The accumulation rows below
     # are what a user gets: the defaults.
@@ -960,17 +950,6 @@ def _fp8_specs() -> list[KernelSpec]:
         (
             "fa4_fp8_exact_noexp_mma_n256_nooverlap",
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 256, "intra_wg_overlap": False},
-        ),
-        (
-            "fa4_fp8_exact_noexp_mma_n256_nooverlap_persistent",
-            {
-                "softmax_mode": "exact",
-                "exp2_deleted": True,
-                "row_sum": "mma",
-                "tile_n": 256,
-                "intra_wg_overlap": False,
-                "persistent": True,
-            },
         ),
         (
             "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",

@@ -128,10 +128,6 @@ STAGE_KNOBS = {
     # True hands over as soon as this tile's P.V GEMM has finished (Note [Scheduler window after the P.V GEMM],
     # stage/flash_fwd_sm90_fp8.py).
     "arrive_after_pv": Knob((False, True), False, ("sm90_fp8",)),
-    # A persistent grid for dense batches (one CTA per SM walking FA4's LPT order) instead of FA4's one CTA per work
-    # tile, so the next tile's loads run under this tile's epilogue (Note [Persistent work tiles],
-    # stage/flash_fwd_sm90_fp8.py). Varlen keeps FA4's varlen scheduler.
-    "persistent": Knob((False, True), False, ("sm90_fp8",)),
 }
 
 

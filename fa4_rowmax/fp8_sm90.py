@@ -55,7 +55,6 @@ class KernelConfig:
     varlen: bool = False  # q, k, v packed, with cu_seqlens_q / cu_seqlens_k
     seqused_q: bool = False
     seqused_k: bool = False
-    persistent_ctas: int = 0  # the persistent grid's size (the GPU's SM count) with stage.persistent, else 0
 
     @property
     def tile_n(self) -> int:
@@ -231,15 +230,6 @@ def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, valida
 
 
 _compile_cache: dict = {}
-FAKE_MODE_SMS = 132  # the H100/H200 SXM's SM count, for CPU compiles (no device to ask)
-
-
-def _sm_count(device: torch.device, fake: bool) -> int:
-    """The persistent grid's size (Note [Persistent work tiles]): the GPU's SM count, or the H200's when compiling
-    without a GPU."""
-    if fake:
-        return FAKE_MODE_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _compile(config: KernelConfig, q, k, vt, out, lse, descale, index):
@@ -258,7 +248,6 @@ def _compile(config: KernelConfig, q, k, vt, out, lse, descale, index):
         tile_m=config.tile_m,
         tile_n=config.tile_n,
         num_stages=config.num_stages,
-        persistent_ctas=config.persistent_ctas,
     )
     q_t, k_t = to_cute_tensor(q), to_cute_tensor(k)
     vt_t = to_cute_tensor(vt, leading_dim=0 if config.varlen else 1)  # the key mode
@@ -443,8 +432,6 @@ def _forward(
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    from flash_attn.cute.testing import is_fake_mode
-
     config = KernelConfig(
         head_dim=head_dim,
         qhead_per_kvhead=heads_q // heads_kv,
@@ -453,8 +440,9 @@ def _forward(
         varlen=varlen,
         seqused_q=seqused_q is not None,
         seqused_k=seqused_k is not None,
-        persistent_ctas=_sm_count(q.device, is_fake_mode()) if stage.persistent else 0,
     )
+
+    from flash_attn.cute.testing import is_fake_mode
 
     row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
     # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum

@@ -216,7 +216,6 @@ class SoftmaxStage:
     pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
     intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
     arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]
-    persistent: bool = STAGE_KNOBS["persistent"].default  # Note [Persistent work tiles]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None
@@ -291,11 +290,6 @@ class SoftmaxStage:
                     "rescale_vote=True applies to pv_accumulation='single' only: two-level accumulation promotes every "
                     "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
                     "accumulation]); accepted with pv_accumulation='two_level': rescale_vote=False"
-                )
-            if self.persistent and any((features or {}).get(name) is not None for name in FP8_SM90_VARLEN_ARGS):
-                raise ValueError(
-                    "persistent=True applies to dense batches (Note [Persistent work tiles]): a varlen call runs FA4's "
-                    "varlen scheduler; accepted with cu_seqlens_q/k or seqused_q/k: persistent=False"
                 )
             if self.arrive_after_pv and self.intra_wg_overlap:
                 raise ValueError(

@@ -60,10 +60,6 @@ CONFIGS = {
     "h15_sat_mma_n256_nooverlap_arrive": dict(
         softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True
     ),
-    # The persistent grid (Note [Persistent work tiles]): the same main loop, O in its own shared region.
-    "h15_sat_mma_n256_nooverlap_persistent": dict(
-        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, persistent=True
-    ),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 # Twins that differ only in pv_accumulation.
@@ -199,9 +195,7 @@ def test_no_spill_in_the_main_loop_at_tile_128(compiled, name):
     assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
 
 
-@pytest.mark.parametrize(
-    "name", ["h15_sat_mma_n256_nooverlap", "h15_sat_mma_n256_nooverlap_arrive", "h15_sat_mma_n256_nooverlap_persistent"]
-)
+@pytest.mark.parametrize("name", ["h15_sat_mma_n256_nooverlap", "h15_sat_mma_n256_nooverlap_arrive"])
 def test_no_spill_in_the_main_loop_at_tile_256_without_overlap(compiled, name):
     """Without intra-warpgroup overlap S and the second accumulator are never live together (Note [Two-level P.V
     accumulation]), so the largest wgmma N fits: no local-memory traffic between the first and the last GMMA."""

@@ -217,47 +217,6 @@ def test_arrive_after_pv_is_bit_identical(shape, causal, mode, knobs):
         assert torch.equal(a.view(view), b.view(view))
 
 
-PERSISTENT_CASES = [  # (mode, knobs): the tuned configurations of both head dims, overlapped and not
-    ("rowmax_h15", dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False)),
-    ("exact", dict(row_sum="mma", tile_n=256, intra_wg_overlap=False)),
-    ("rowmax_h15", dict(clamp="sat", row_sum="mma", tile_n=192, intra_wg_overlap=True)),
-    ("exact", dict(tile_n=128, pv_accumulation="single")),
-]
-
-
-@pytest.mark.gpu(arch="sm90")
-@pytest.mark.parametrize("mode,knobs", PERSISTENT_CASES, ids=str)
-@pytest.mark.parametrize(
-    "shape,causal",
-    [
-        ((2, 777, 1531, 8, 2, 128), True),  # GQA packed, causal with seqlen_q != seqlen_k
-        ((1, 1531, 777, 4, 4, 128), True),  # rows with no key
-        ((2, 4096, 4096, 16, 16, 128), True),  # 1,024 work tiles: about 8 per CTA, the snake's waves
-        ((3, 1000, 4099, 4, 4, 128), False),  # off the tile grid
-        ((2, 513, 513, 4, 1, 64), False),
-        ((1, 100, 300, 1, 1, 128), False),  # one work tile: a grid of one CTA
-    ],
-    ids=str,
-)
-def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs):
-    """Note [Persistent work tiles]: a persistent grid changes which CTA runs a work tile and when, never what it
-    computes, so out and LSE equal FA4's one-CTA-per-tile grid bit for bit; a tile taken twice or never (Note
-    [Persistent LPT order]), a race of the next Q with O in shared memory, or a stale softmax state between tiles
-    would show (the output memory is poisoned with NaN first)."""
-    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
-
-    q, k, v = _inputs(hash((shape, causal, mode, "persistent")) % 2**31, *shape)
-    results = []
-    for persistent in (False, True):
-        poison_allocator()
-        results.append(flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, persistent=persistent, **knobs))
-    torch.cuda.synchronize()
-    assert not torch.isnan(results[0][0].float()).any()
-    for a, b in zip(*results):
-        view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
-        assert torch.equal(a.view(view), b.view(view))
-
-
 @pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 @pytest.mark.parametrize("heads_q", [8, 14])  # packed GQA 4, unpacked GQA 7 (the K/V head of each Q head)
@@ -476,7 +435,6 @@ def test_bad_arguments_raise(kwargs, match):
         (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be .*a real number"),
         (dict(exp2_deleted="yes"), TypeError, "exp2_deleted must be a bool"),
         (dict(arrive_after_pv=1), TypeError, "arrive_after_pv must be a bool"),
-        (dict(persistent="yes"), TypeError, "persistent must be a bool"),
         (dict(tile_n=128.0), TypeError, r"tile_n must be an int, one of \(128, 160, 192, 224, 256\)"),
         (dict(rescale_threshold=True), TypeError, "rescale_threshold must be None"),
         (dict(rescale_threshold=10**400), ValueError, "rescale_threshold must be None .* >= 0"),
@@ -492,20 +450,6 @@ def test_bad_types_and_values_name_the_argument(kwargs, error, match):
 
     with pytest.raises(error, match=match):
         flash_attn_fp8_sm90(*_cpu_inputs(), **kwargs)
-
-
-def test_persistent_grid_is_refused_for_varlen():
-    """Note [Persistent work tiles]: a varlen call runs FA4's varlen scheduler, so persistent=True is refused there
-    by name rather than ignored."""
-    from fa4_rowmax.interface import softmax_stage
-
-    stage = softmax_stage("rowmax_h15", persistent=True)
-    assert stage.for_kernel(arch=90, q_dtype=E4M3).persistent
-    cu = torch.zeros(2, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"^persistent=True applies to dense batches.*persistent=False"):
-        stage.for_kernel(arch=90, q_dtype=E4M3, features={"cu_seqlens_q": cu, "cu_seqlens_k": cu})
-    with pytest.raises(ValueError, match="persistent=True is implemented by the SM90 FP8 forward"):
-        stage.for_kernel(arch=90, q_dtype=torch.bfloat16)
 
 
 def test_cpu_tensors_and_zero_heads_are_refused_before_any_gpu_work():

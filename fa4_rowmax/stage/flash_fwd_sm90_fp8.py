@@ -16,7 +16,6 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
   `arrive_after_pv` the hand-over to the other warpgroup right after the P.V GEMM (Note [Scheduler window after
   the P.V GEMM]).
 - `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [V^T at FA4's padded offsets]).
-- `epilogue` (persistent only): FA4's epilogue on O's own shared region (Note [Persistent work tiles]).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
 warpgroups, epilogue) is FA4's. Supported: dense batches and varlen (cu_seqlens_q/k, seqused_q/k), head dim
@@ -57,19 +56,6 @@ must then fit beside one GEMM instead of two, so this is a measured choice (`arr
 pays for the exp2-deleted probe and H15 at tile 224, and loses at tile 256 and for the MUFU-bound exact twin;
 docs/fp8_sm90.md, "Levers").
 
-Note [Persistent work tiles]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-With `persistent_ctas` > 0 (the `persistent` knob, dense batches) FA4's `dense_tile_scheduler` hook (patch 0002)
-runs a persistent grid (`tile_scheduler_sm90.PersistentLPTScheduler`, Note [Persistent LPT order]): each CTA
-walks work tiles in FA4's own producer and consumer loops, whose pipeline states, Q phase and scheduler barriers
-already carry from tile to tile. The consumers release Q before a tile's last P.V GEMM, so the producer loads the
-next tile's Q then; FA4 writes O into Q's buffer, which would race that load. So the Q buffer grows by an O region
-of its own after Q's bytes (rounded up to 1024 B, the period of the 128-byte swizzle, so the swizzled layout means
-the same there), and `epilogue` hands FA4's epilogue that region instead of the aliased view. The epilogue's own
-barriers keep O's region safe between tiles: its first barrier waits for every consumer thread, including the
-warp that awaited the previous tile's O store (`cp_async_bulk_wait_group(0, read=True)`). At head dim 128, tile 256,
-shared memory is 16 KB of Q + 34 KB of O + 64 KB of K + 68 KB of V^T (two stages).
-
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A varlen V^T holds sequence b's keys from FA4's padded offset `padded_offset_k` with the kernel's tile_n, not
@@ -99,11 +85,9 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from quack import sm90_utils
 
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90
-from fa4_rowmax.stage.tile_scheduler_sm90 import persistent_lpt_scheduler
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
-O_REGION_ALIGN = 1024  # bytes: the 128-byte swizzle's period (Note [Persistent work tiles])
 
 
 @dataclass(frozen=True)
@@ -158,7 +142,6 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         tile_m: int = 128,
         tile_n: int = 128,
         num_stages: int = 2,
-        persistent_ctas: int = 0,
     ):
         # Note [Row sum by the MMA]: V^T and O carry ROW_SUM_COLUMNS more columns (PV GEMM N = head_dim + 8).
         head_dim_v = head_dim + (ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0)
@@ -189,10 +172,6 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # exactly head_dim_v columns, so no head-dim predication either.
         self.tile_hdimv = head_dim_v
         self.check_hdim_v_oob = False
-        # Note [Persistent work tiles]: 0 keeps FA4's one CTA per tile.
-        self.persistent = persistent_ctas > 0
-        if self.persistent:
-            self.dense_tile_scheduler = persistent_lpt_scheduler(persistent_ctas)
 
     def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
         if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
@@ -248,16 +227,11 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
         )
-        # Note [FP8 kernel dtypes]: O (BF16) reuses the Q buffer; persistent, O has its own region after Q's
-        # (Note [Persistent work tiles]).
-        cosize_O = cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width
-        # Where O's own region starts, in e4m3 elements (bytes): after Q, at the swizzle's period. A Python int here,
-        # where the layouts are host values, for the epilogue to use inside the kernel.
-        self.o_region_offset = -(-cute.cosize(self.sQ_layout) // O_REGION_ALIGN) * O_REGION_ALIGN
-        if const_expr(self.persistent):
-            cosize_sQO = self.o_region_offset + cosize_O
-        else:
-            cosize_sQO = max(cute.cosize(self.sQ_layout), cosize_O)
+        # Note [FP8 kernel dtypes]: O (BF16) reuses the Q buffer.
+        cosize_sQO = max(
+            cute.cosize(self.sQ_layout),
+            cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width,
+        )
         sQ_struct = cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cosize_sQO], self.buffer_align_bytes]
         sK_struct, sV_struct = [
             cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(layout)], self.buffer_align_bytes]
@@ -279,32 +253,6 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             sP: sP_struct
 
         return SharedStorageFp8
-
-    @cute.jit
-    def epilogue(
-        self,
-        acc_O: cute.Tensor,
-        lse: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: Optional[cute.Tensor],
-        sO: cute.Tensor,
-        seqlen,
-        gmem_tiled_copy_O: cute.TiledCopy,
-        tma_atom_O: Optional[cute.CopyAtom],
-        tiled_mma: cute.TiledMma,
-        tidx: Int32,
-        m_block: Int32,
-        head_idx: Int32,
-        batch_idx: Int32,
-    ):
-        """FA4's epilogue; persistent, on O's own region of the Q buffer (Note [Persistent work tiles])."""
-        if const_expr(self.persistent):
-            offset = self.o_region_offset * self.operand_dtype.width // self.dtype.width  # in O's elements
-            sO = cute.make_tensor(sO.iterator + offset, sO.layout)
-        super().epilogue(
-            acc_O, lse, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, tma_atom_O, tiled_mma, tidx, m_block, head_idx,
-            batch_idx,
-        )  # fmt: skip
 
     @cute.jit
     def load(
