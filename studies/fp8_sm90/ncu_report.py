@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Where a consumer warp's time goes in the SM90 FP8 forward's main loop, from an Nsight Compute report.
+
+    python -m studies.fp8_sm90.ncu_report DETAILS.csv SOURCE.csv [OUT.md]
+
+DETAILS.csv is `ncu -i REP --page details --csv`, SOURCE.csv (or .csv.xz) `ncu -i REP --page source --csv
+--print-source sass`
+of a report from `studies.fp8_sm90.ncu_profile` (`--set full`, so the SASS carries warp-state samples). For each
+FP8-forward kernel of the report: its duration, the tensor pipe's active share, issue-slot use, and the main loop
+split into the stretches of one iteration (a consumer warpgroup's KV tile), each in samples and in cycles.
+
+Note [Samples to cycles]
+~~~~~~~~~~~~~~~~~~~~~~~~
+The sampler reads each warp's state at a fixed interval, so a stretch of SASS gets samples in proportion to the
+warp-time spent there. The main loop is the run of instructions executed once per iteration (the most common
+large execution count); the consumer warps' samples are the loop's plus those executed once per warp (the first
+tile and the epilogue). A CTA lasts elapsed cycles / waves (one CTA per SM: the grid over the SMs), so one
+iteration takes CTA cycles x loop share / iterations, and a stretch its share of that. The iteration count is the
+loop's execution count over the consumer warps' count. A single issue of an instruction is one sample of
+'selected' per execution, which checks the scale: 'selected' samples / executions per warp ~ 1 cycle each.
+"""
+
+import collections
+import csv
+import lzma
+import sys
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+EXECUTED = "Instructions Executed"
+FP8_KERNEL = "FlashAttentionForwardSm90Fp8"
+
+
+def source_sections(path: str) -> list[dict]:
+    """The source page's kernels, in report order: {"name", "header", "rows"}."""
+    kernels, header = [], None
+    with (lzma.open if path.endswith(".xz") else open)(path, "rt", newline="") as f:
+        for row in csv.reader(f):
+            if row and row[0] == "Kernel Name":
+                kernels.append({"name": row[1], "rows": []})
+                header = None
+            elif header is None:
+                header = row
+                kernels[-1]["header"] = header
+            else:
+                kernels[-1]["rows"].append(dict(zip(header, row)))
+    return kernels
+
+
+def details(path: str) -> dict[str, dict[str, str]]:
+    """Report ID -> metric name -> "value unit", and "Kernel Name", "Grid Size"."""
+    out = collections.defaultdict(dict)
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            out[r["ID"]][r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
+            out[r["ID"]]["Kernel Name"] = r["Kernel Name"]
+            out[r["ID"]]["Grid Size"] = r["Grid Size"]
+    return out
+
+
+def grid_size(metrics: dict[str, str]) -> int:
+    """CTAs in the launch: the product of the report's "(x, y, z)" grid."""
+    size = 1
+    for extent in metrics["Grid Size"].strip("()").split(","):
+        size *= int(extent)
+    return size
+
+
+def number(text: str) -> float:
+    return float(text.split()[0].replace(",", ""))
+
+
+def loop_stretches(rows: list[dict], sm_count: int, elapsed_cycles: float, grid: int) -> dict:
+    """The main loop's stretches (Note [Samples to cycles]): name -> (instructions, samples, cycles)."""
+
+    def samples(r):
+        return int(r[SAMPLES] or 0)
+
+    def executed(r):
+        return int(r[EXECUTED] or 0)
+
+    counts = collections.Counter(executed(r) for r in rows)
+    loop_exec = max(e for e, n in counts.items() if n > 100)
+    loop = [i for i, r in enumerate(rows) if executed(r) == loop_exec]
+    first, last = loop[0], loop[-1]
+    waits = [i for i in range(first, last + 1) if "DEPBAR" in rows[i]["Source"]]
+    syncs = [i for i in range(first, last + 1) if "BAR.SYNC" in rows[i]["Source"]]
+    pv_issue = min(i for i in range(waits[0] + 1, last + 1) if "QGMMA" in rows[i]["Source"])
+    # the step before the P.V GEMM: the V wait, the scheduler barrier (two warpgroups) and the descriptors
+    pre_pv = min(syncs[0], pv_issue) - 8 if syncs else pv_issue - 8
+    marks = [
+        ("loop head, S issue", first),
+        ("S GEMM wait", waits[0]),
+        ("softmax", waits[0] + 1),
+        ("V wait, hand-over, P.V issue", pre_pv),
+        ("P.V GEMM wait", waits[1]),
+        ("promotion, loop tail", waits[1] + 1),
+    ]
+    per_warp = [executed(r) for r in rows if executed(r) and executed(r) != loop_exec]
+    warps = max(set(per_warp), key=per_warp.count)  # executed once per consumer warp
+    iterations = loop_exec / warps
+    consumer = sum(samples(r) for r in rows if executed(r) in (loop_exec, warps))
+    consumer += sum(samples(rows[i]) for i in range(first, last + 1) if executed(rows[i]) == 0)
+    loop_samples = sum(samples(rows[i]) for i in range(first, last + 1))
+    cta_cycles = elapsed_cycles / (grid / sm_count)
+    iteration_cycles = cta_cycles * loop_samples / consumer / iterations
+    # the scale's check: each loop instruction issues once an iteration, one cycle of 'selected' samples
+    selected = sum(int(rows[i]["stall_selected"] or 0) for i in range(first, last + 1))
+    loop_instructions = sum(1 for i in range(first, last + 1) if executed(rows[i]) == loop_exec)
+    out = {
+        "iteration cycles": iteration_cycles,
+        "iterations": iterations,
+        "issue cycles per instruction": iteration_cycles * selected / loop_samples / loop_instructions,
+        "stretches": {},
+    }
+    for (name, start), (_, end) in zip(marks, marks[1:] + [("end", last + 1)]):
+        n = sum(samples(rows[i]) for i in range(start, end))
+        instructions = sum(1 for i in range(start, end) if executed(rows[i]) == loop_exec)
+        out["stretches"][name] = (instructions, n, iteration_cycles * n / loop_samples)
+    return out
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) not in (2, 3):
+        sys.exit(__doc__)
+    metrics = details(argv[0])
+    kernels = source_sections(argv[1])
+    ids = sorted(metrics, key=int)
+    if len(ids) != len(kernels):
+        sys.exit(f"{argv[0]} has {len(ids)} kernels, {argv[1]} {len(kernels)}")
+    lines = []
+    for report_id, kernel in zip(ids, kernels):
+        m = metrics[report_id]
+        if FP8_KERNEL not in kernel["name"] and "FlashAttnFwdSm90" not in kernel["name"]:
+            continue
+        elapsed = number(m["Elapsed Cycles"])
+        grid = grid_size(m)
+        lines.append(
+            f"## report ID {report_id}: {kernel['name'][:70]}\n\n"
+            f"{m['Duration']}, {m['Elapsed Cycles']} at {m['SM Frequency']}, grid {grid}, "
+            f"{m['Registers Per Thread']}, issue slots busy {m['Issue Slots Busy']}\n"
+        )
+        if FP8_KERNEL not in kernel["name"]:
+            continue  # FA3's persistent loop has another shape
+        split = loop_stretches(kernel["rows"], 132, elapsed, grid)
+        lines.append(
+            f"\nOne main-loop iteration (a consumer warpgroup's KV tile): {split['iteration cycles']:.0f} cycles, "
+            f"{split['iterations']:.0f} iterations per warp; the scale's check (Note [Samples to cycles]): "
+            f"{split['issue cycles per instruction']:.2f} cycles of 'selected' per loop instruction\n\n"
+            "| stretch | instructions | samples | cycles |\n"
+            "| --- | --- | --- | --- |"
+        )
+        for name, (instructions, n, cycles) in split["stretches"].items():
+            lines.append(f"| {name} | {instructions} | {n} | {cycles:.0f} |")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if len(argv) == 3:
+        with open(argv[2], "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
