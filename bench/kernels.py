@@ -210,6 +210,23 @@ FP8_CANDIDATES = {
         for n in NO_OVERLAP_TILE_NS
     },
     "fa4_fp8_exact_mma_n192": {"softmax_mode": "exact", "row_sum": "mma", "tile_n": 192},
+    # Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]): without overlap, tile_n <= 160; the
+    # MMA row sum (its 8 columns spill a few registers at 160 a thread) and the FADD row sum (no spill).
+    **{
+        f"fa4_fp8_{name}_m192_n{n}": {
+            "softmax_mode": mode,
+            **knobs,
+            "tile_m": 192,
+            "tile_n": n,
+            "intra_wg_overlap": False,
+        }
+        for name, mode, knobs in (
+            ("h15_sat_mma", "rowmax_h15", {"clamp": "sat", "row_sum": "mma"}),
+            ("h15_sat", "rowmax_h15", {"clamp": "sat"}),
+            ("exact_mma", "exact", {"row_sum": "mma"}),
+        )
+        for n in (128, 160)  # fa4_rowmax.config.FP8_TILE_M3_TILE_NS (bench/ looks the package up lazily)
+    },
 }
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
@@ -911,7 +928,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += [
         (f"{name}_arrive", {**knobs, "arrive_after_pv": True})
         for name, knobs in FP8_CANDIDATES.items()
-        if knobs.get("intra_wg_overlap") is False
+        if knobs.get("intra_wg_overlap") is False and knobs.get("tile_m", 128) == 128  # three warpgroups: no hand-over
     ]
     # The rows above name their structure; the kernel's tuned defaults (fp8_sm90, Note [Tuned defaults]) fill
     # only what the call leaves out, so each row passes the rest at its stock value. The accumulation rows below
@@ -950,6 +967,17 @@ def _fp8_specs() -> list[KernelSpec]:
         (
             "fa4_fp8_exact_noexp_mma_n256_nooverlap",
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 256, "intra_wg_overlap": False},
+        ),
+        (
+            "fa4_fp8_exact_noexp_mma_m192_n128",
+            {
+                "softmax_mode": "exact",
+                "exp2_deleted": True,
+                "row_sum": "mma",
+                "tile_m": 192,
+                "tile_n": 128,
+                "intra_wg_overlap": False,
+            },
         ),
         (
             "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",

@@ -111,6 +111,11 @@ ROW_SUMS = ("fadd", "mma")
 CLAMPS = ("max", "sat")
 # Keys per tile of the FP8 forward: multiples of 32 (the e4m3 wgmma's K) that fit its registers.
 FP8_TILE_NS = (128, 160, 192, 224, 256)
+# Query rows per tile of the FP8 forward: 64 per consumer warpgroup, so two or three warpgroups (FA4's register
+# split: 240 registers a thread for two, 160 for three). Three fit only without intra-warpgroup overlap and with
+# at most 160 keys per tile (Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py).
+FP8_TILE_MS = (128, 192)
+FP8_TILE_M3_TILE_NS = (128, 160)
 STAGE_KNOBS = {
     "anchor_rounding": Knob(ANCHOR_ROUNDINGS, "exact", ("sm90", "sm90_fp8")),
     "rescale_vote": Knob((False, True), False, ("sm90", "sm90_fp8")),
@@ -118,6 +123,7 @@ STAGE_KNOBS = {
     "clamp": Knob(CLAMPS, "max", ("sm90_fp8",)),
     "exp2_deleted": Knob((False, True), False, ("sm90_fp8",)),
     "tile_n": Knob(FP8_TILE_NS, 128, ("sm90_fp8",)),
+    "tile_m": Knob(FP8_TILE_MS, 128, ("sm90_fp8",)),
     "pv_accumulation": Knob(PV_ACCUMULATIONS, "two_level", ("sm90_fp8",)),
     # FA4's intra-warpgroup overlap (the next tile's S while this tile's P V runs); off, each warpgroup's S, softmax
     # and P V follow each other and only the other warpgroup's GEMMs overlap them (Note [Two-level P.V

@@ -50,7 +50,6 @@ class KernelConfig:
     qhead_per_kvhead: int
     causal: bool
     stage: SoftmaxStage  # resolved for the SM90 FP8 forward (SoftmaxStage.for_kernel)
-    tile_m: int = 128
     num_stages: int = 2
     varlen: bool = False  # q, k, v packed, with cu_seqlens_q / cu_seqlens_k
     seqused_q: bool = False
@@ -61,10 +60,15 @@ class KernelConfig:
         return self.stage.tile_n
 
     @property
+    def tile_m(self) -> int:
+        return self.stage.tile_m
+
+    @property
     def pack_gqa(self) -> bool:
-        # Note [GQA packing on FP8]: the Q heads of one KV head share its K/V tiles in one 128-row Q tile when
-        # the ratio divides tile_m (FA4 then loads the packed Q by TMA); other ratios (Qwen2.5: 7, 6) run one
-        # Q head per work tile, K/V head = Q head // ratio, as FA4 does without packing. Values are the same.
+        # Note [GQA packing on FP8]: the Q heads of one KV head share its K/V tiles in one Q tile (tile_m rows) when
+        # the ratio divides tile_m (FA4 then loads the packed Q by TMA); other ratios (Qwen2.5's 7; its 6 at
+        # tile_m 128) run one Q head per work tile, K/V head = Q head // ratio, as FA4 does without packing.
+        # Values are the same.
         return self.qhead_per_kvhead > 1 and self.tile_m % self.qhead_per_kvhead == 0
 
 
@@ -309,7 +313,9 @@ def flash_attn_fp8_sm90(
     - `row_sum="mma"` (Note [Row sum by the MMA]);
     - `rescale_vote=True` (with pv_accumulation="single": Note [Warp-vote rescale skip on FP8]);
     - `clamp="sat"` (rowmax_h15, exact anchor: Note [Clamp by saturation]; same values, one op less);
-    - `tile_n` (keys per tile, a multiple of 32; 192 was the fastest measured on the H200);
+    - `tile_n` (keys per tile, a multiple of 32);
+    - `tile_m` (query rows per tile: 128, two consumer warpgroups, or 192, three; Note [Three consumer warpgroups]
+      in stage/flash_fwd_sm90_fp8.py);
     - `pv_accumulation` ("two_level": each tile's P V in a fresh accumulator, added into fp32 O, accurate at any
       length; "single": O is the FP8 MMA's accumulator, whose truncation grows O's error with the key count;
       Note [Two-level P.V accumulation]);

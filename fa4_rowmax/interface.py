@@ -24,6 +24,7 @@ from fa4_rowmax import process_mode
 from fa4_rowmax.config import (
     FP8_MAX_OFFSET,
     FP8_SM90_MODES,
+    FP8_TILE_M3_TILE_NS,
     KERNEL_MODES,
     STAGE_KNOBS,
     SoftmaxConfig,
@@ -201,7 +202,7 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n` (fa4_rowmax/fp8_sm90.py).
+    `exp2_deleted`, `tile_n`, `tile_m` (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
@@ -213,6 +214,7 @@ class SoftmaxStage:
     clamp: str = STAGE_KNOBS["clamp"].default
     exp2_deleted: bool = STAGE_KNOBS["exp2_deleted"].default
     tile_n: int = STAGE_KNOBS["tile_n"].default
+    tile_m: int = STAGE_KNOBS["tile_m"].default  # Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py
     pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
     intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
     arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]
@@ -297,6 +299,8 @@ class SoftmaxStage:
                     "(Note [Scheduler window after the P.V GEMM]); accepted: arrive_after_pv=True with "
                     "intra_wg_overlap=False, or arrive_after_pv=False"
                 )
+            if self.tile_m == 192:
+                _check_three_warpgroups(self)
         max_offset = fa4_max_offset(q_dtype)
         threshold = self.rescale_threshold
         if threshold is None:
@@ -385,6 +389,29 @@ class SoftmaxStage:
         self._check_stock_defaults(softmax)
         return RowmaxSoftmaxSm100.from_stock(
             softmax, mode=self.mode, beta=self.beta, rescale_threshold=self.rescale_threshold
+        )
+
+
+def _check_three_warpgroups(stage: SoftmaxStage) -> None:
+    """tile_m=192 (three consumer warpgroups at 160 registers a thread): without intra-warpgroup overlap, whose S,
+    second accumulator and O do not fit, at tile_n <= 160, and with FA4's hand-over (three warpgroups without
+    overlap take no scheduler barrier in FA4: Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py)."""
+    if stage.intra_wg_overlap:
+        raise ValueError(
+            "tile_m=192 (three consumer warpgroups) needs intra_wg_overlap=False: with the overlap, S, the second "
+            "accumulator and O do not fit in 160 registers (Note [Three consumer warpgroups]); accepted: "
+            "tile_m=192 with intra_wg_overlap=False, or tile_m=128"
+        )
+    if stage.tile_n not in FP8_TILE_M3_TILE_NS:
+        raise ValueError(
+            f"tile_m=192 (three consumer warpgroups) takes tile_n in {FP8_TILE_M3_TILE_NS}, got tile_n={stage.tile_n}: "
+            "larger key tiles spill registers (Note [Three consumer warpgroups]); accepted: tile_m=192 with tile_n in "
+            f"{FP8_TILE_M3_TILE_NS}, or tile_m=128"
+        )
+    if stage.arrive_after_pv:
+        raise ValueError(
+            "arrive_after_pv=True moves the two-warpgroup scheduler hand-over; three warpgroups without overlap run "
+            "without one (Note [Three consumer warpgroups]); accepted with tile_m=192: arrive_after_pv=False"
         )
 
 

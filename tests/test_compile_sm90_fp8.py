@@ -60,10 +60,18 @@ CONFIGS = {
     "h15_sat_mma_n256_nooverlap_arrive": dict(
         softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True
     ),
+    # Three consumer warpgroups (Note [Three consumer warpgroups]), both row sums, beside two at the same tile.
+    "h15_sat_mma_m192": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False),
+    "h15_sat_m192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_m=192, intra_wg_overlap=False),
+    "h15_sat_nooverlap": dict(softmax_mode="rowmax_h15", clamp="sat", intra_wg_overlap=False),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 # Twins that differ only in pv_accumulation.
 TWO_LEVEL_TWINS = {"exact_two_level": "exact", "h15_two_level": "h15"}
+
+
+# A pseudo-opcode: the register count the consumer warpgroups raise themselves to (USETMAXREG.TRY_ALLOC's operand).
+CONSUMER_REGISTERS = "consumer registers"
 
 
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
@@ -74,6 +82,8 @@ def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
     ops = Counter(opcodes)
     gmma = [i for i, op in enumerate(opcodes) if op.startswith("QGMMA")]
     ops[MAIN_LOOP_LOCAL] = sum(op.startswith(("STL", "LDL")) for op in opcodes[gmma[0] : gmma[-1]])
+    (alloc,) = [ins for ins in instructions if split_instruction(ins)[0].startswith("USETMAXREG.TRY_ALLOC")]
+    ops[CONSUMER_REGISTERS] = int(alloc.rsplit(",", 1)[1], 16)
     pv_gemm = f"QGMMA.64x{_o_per_thread(kwargs) * 2}x32."
     events = [op for op in opcodes if op.startswith("QGMMA") or op == "BAR.ARV"]
     ops[PV_THEN_ARRIVE] = sum(
@@ -187,10 +197,13 @@ def test_arrive_after_pv_hands_over_after_every_p_v_gemm(compiled):
     assert count(arrive, "QGMMA") == count(fa4, "QGMMA")
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kw in CONFIGS.items() if kw.get("tile_n", 128) == 128))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, kw in CONFIGS.items() if kw.get("tile_n", 128) == 128 and kw.get("tile_m", 128) == 128)
+)
 def test_no_spill_in_the_main_loop_at_tile_128(compiled, name):
-    """The default tile keeps every accumulator in registers, two-level's second O included: no local-memory load
-    or store between the first and the last GMMA."""
+    """With two warpgroups (240 registers) tile 128 keeps every accumulator in registers, two-level's second O
+    included: no local-memory load or store between the first and the last GMMA (three warpgroups:
+    test_three_warpgroups)."""
     _, ops = compiled[name]
     assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
 
@@ -202,3 +215,17 @@ def test_no_spill_in_the_main_loop_at_tile_256_without_overlap(compiled, name):
     _, ops = compiled[name]
     assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
     assert count(ops, "QGMMA.64x256x32") > 0
+
+
+@pytest.mark.parametrize("name", ["h15_sat_mma_m192", "h15_sat_m192"])
+def test_three_warpgroups(compiled, name):
+    """Note [Three consumer warpgroups]: tile_m=192 takes FA4's three-warpgroup register split (160 a consumer thread,
+    240 with two), the same per-element code as two warpgroups at the same tile (the softmax is per warpgroup), and
+    with the FADD row sum no local-memory traffic in the main loop."""
+    _, ops = compiled[name]
+    _, two = compiled["h15_sat_nooverlap"]
+    assert (ops[CONSUMER_REGISTERS], two[CONSUMER_REGISTERS]) == (160, 240)
+    for op in ("FFMA.SAT", "PRMT", "FMNMX.NAN"):
+        assert abs(count(ops, op) - count(two, op)) <= 4, (op, count(ops, op), count(two, op))
+    if name == "h15_sat_m192":
+        assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}

@@ -110,6 +110,9 @@ LEVERS = [
     dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False),  # the hd64-causal candidate
     dict(softmax_mode="rowmax_h15", rescale_threshold=0.4),
     dict(softmax_mode="rowmax_h15", clamp="sat", tile_n=192, row_sum="mma"),
+    # three consumer warpgroups (Note [Three consumer warpgroups])
+    dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, tile_n=128, intra_wg_overlap=False),
+    dict(softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False),
 ]
 
 
@@ -136,6 +139,44 @@ def test_levers_match_reference(shape, levers):
         finite = torch.isfinite(ref_lse)
         assert ((lse - ref_lse).abs()[finite] <= math.log(2.0) * env).all()
         assert ((out.float() - ref_out.float()).abs() <= 2 * (2**env - 1) * v.float().abs().max()).all()
+
+
+TILE_M_CASES = [  # shape index, causal, mode, knobs beside tile_m and intra_wg_overlap=False
+    (2, True, "rowmax_h15", dict(clamp="sat", row_sum="mma", tile_n=128)),  # GQA 4, packed at both
+    (3, True, "rowmax_h15", dict(clamp="sat", row_sum="mma", tile_n=160)),  # rows that see no key
+    (7, False, "rowmax_h15", dict(clamp="sat", tile_n=128)),  # GQA 6: packed at 192 only
+    (6, True, "rowmax_h15", dict(anchor_rounding="half_octave", row_sum="mma", tile_n=160)),  # GQA 7, head dim 64
+    (2, False, "exact", dict(row_sum="mma", tile_n=128)),
+    (4, True, "exact", dict(tile_n=160, beta=0.25)),  # head dim 64, GQA 4
+    (3, True, "exact", dict(row_sum="mma", tile_n=128)),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    TILE_M_CASES,
+    ids=lambda c: "-".join([str(SHAPES[c[0]]), "causal" if c[1] else "full", c[2], *map(str, c[3].values())]),
+)
+@pytest.mark.gpu(arch="sm90")
+def test_three_warpgroups_are_bit_identical_to_two(case):
+    """Note [Three consumer warpgroups]: a row's arithmetic does not depend on tile_m, so tile_m=192 gives the out and
+    LSE of tile_m=128 bit for bit, every other knob equal: off-grid seqlens, GQA 4 (packed at both), 6 (packed at
+    192 only) and 7 (unpacked), causal rows that see no key, head dim 64, a NaN score and an e4m3-max key entry,
+    output memory poisoned with NaN first."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    shape_index, causal, mode, knobs = case
+    q, k, v = _inputs(hash(str(case)) % 2**31, *SHAPES[shape_index])
+    q[0, 5, 0, 3] = math.nan
+    k[-1, 17, -1, 9] = 448.0
+    common = dict(causal=causal, softmax_mode=mode, intra_wg_overlap=False, **knobs)
+    poison_allocator()
+    out2, lse2 = flash_attn_fp8_sm90(q, k, v, tile_m=128, **common)
+    poison_allocator()
+    out3, lse3 = flash_attn_fp8_sm90(q, k, v, tile_m=192, **common)
+    assert torch.isnan(out2).any() and not torch.isnan(out2).all(), "the NaN score must reach some rows, not all"
+    assert torch.equal(out3.view(torch.int16), out2.view(torch.int16)), "out differs between tile_m 192 and 128"
+    assert torch.equal(lse3.view(torch.int32), lse2.view(torch.int32)), "LSE differs between tile_m 192 and 128"
 
 
 @pytest.mark.parametrize("beta", [0.25, 0.5, 1.0])

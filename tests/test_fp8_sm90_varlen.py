@@ -394,6 +394,9 @@ CASES = [  # mode, causal, heads_q, heads_kv, head_dim, descales, levers
     ("rowmax_h15", True, 8, 2, 128, True, dict(tile_n=192, row_sum="mma")),
     ("exact", True, 4, 4, 128, False, dict(tile_n=160)),
     ("rowmax_h15", True, 14, 2, 128, False, dict(anchor_rounding="half_octave")),  # GQA 7: unpacked
+    # three consumer warpgroups (Note [Three consumer warpgroups]): 192-row Q tiles over the packed sequences
+    ("rowmax_h15", True, 8, 2, 128, True, dict(tile_m=192, tile_n=128, intra_wg_overlap=False, row_sum="mma")),
+    ("exact", False, 12, 2, 64, False, dict(tile_m=192, tile_n=160, intra_wg_overlap=False)),  # GQA 6: packed
 ]
 
 
