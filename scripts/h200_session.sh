@@ -4,6 +4,8 @@
 #   bash scripts/h200_session.sh benchlong OUT    # the same kernels at 2K/4K/32K (cut at 4 minutes; --resume continues)
 #   bash scripts/h200_session.sh fp8tests OUT     # every FP8 GPU test (SM90 FP8 forward, varlen, gates, hf)
 #   bash scripts/h200_session.sh tests OUT        # the FA4 BF16 and hf GPU tests, the gates job
+#   bash scripts/h200_session.sh tilemtests OUT   # the GPU tests of tile_m=192 (three consumer warpgroups)
+#   bash scripts/h200_session.sh tilem OUT        # the FP8 benchmark's tile_m=192 rows beside the defaults, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
 #   bash scripts/h200_session.sh qualityfp8 OUT   # SmolLM2-135M: the FP8 modes through the kernel and the simulator
 #   bash scripts/h200_session.sh qwen05 OUT       # Qwen2.5-0.5B on Austen, 97 blocks, every kernel mode (issue 12)
@@ -81,6 +83,15 @@ case "$STEP" in
     python3 -m bench --fp8 --seqlens 8K 16K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_focus \
       --kernels $FP8_BENCH_KERNELS > "$OUT/bench.log" 2>&1
     tail -40 "$OUT/bench.log" ;;
+  tilem)
+    # issue 22: three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]) beside the defaults
+    python3 -m bench --fp8 --seqlens 8K 16K 32K --rounds 5 --max-minutes 6 --out "$OUT" --name h200_fp8_tile_m \
+      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 'fa4_fp8_*_m192_n*' fa4_fp8_exact_noexp_mma_n256_nooverlap \
+      > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/bench.log" ;;
+  tilemtests)
+    timeout 400 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_fp8_sm90_varlen.py \
+      -k "three_warpgroups or tile_m" > "$OUT/pytest_tile_m.log" 2>&1; tail -6 "$OUT/pytest_tile_m.log" ;;
   tests)
     timeout 240 python3 -m pytest -q -rs -m gpu tests/test_fa4_gpu.py tests/test_hf_attention.py tests/test_gates.py \
       > "$OUT/pytest_gpu_fa4.log" 2>&1; tail -4 "$OUT/pytest_gpu_fa4.log"
@@ -142,7 +153,7 @@ case "$STEP" in
   qwen15fp8long)
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
-  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
+  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tilemtests, tilem, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
 esac
