@@ -179,6 +179,26 @@ FP8_LEVERS = {
         for beta in FP8_EXACT_BETAS
     },
 }
+# Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]), opt-in rows (`--kernels '*_m192_*'`).
+FP8_TILE_M3 = {
+    # Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]): without overlap, tile_n <= 160; the
+    # MMA row sum (its 8 columns spill a few registers at 160 a thread) and the FADD row sum (no spill).
+    **{
+        f"fa4_fp8_{name}_m192_n{n}": {
+            "softmax_mode": mode,
+            **knobs,
+            "tile_m": 192,
+            "tile_n": n,
+            "intra_wg_overlap": False,
+        }
+        for name, mode, knobs in (
+            ("h15_sat_mma", "rowmax_h15", {"clamp": "sat", "row_sum": "mma"}),
+            ("h15_sat", "rowmax_h15", {"clamp": "sat"}),
+            ("exact_mma", "exact", {"row_sum": "mma"}),
+        )
+        for n in (128, 160)  # fa4_rowmax.config.FP8_TILE_M3_TILE_NS (bench/ looks the package up lazily)
+    },
+}
 # Candidates for the FP8 forward's tuned defaults (issue 22 item 3: the fastest configuration that passes every
 # accuracy check), all two-level: the clamp by saturation and the MMA row sum (the levers that free registers), at
 # KV tile 128 with FA4's intra-warpgroup overlap (the largest tile whose registers fit beside the second accumulator
@@ -210,23 +230,6 @@ FP8_CANDIDATES = {
         for n in NO_OVERLAP_TILE_NS
     },
     "fa4_fp8_exact_mma_n192": {"softmax_mode": "exact", "row_sum": "mma", "tile_n": 192},
-    # Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]): without overlap, tile_n <= 160; the
-    # MMA row sum (its 8 columns spill a few registers at 160 a thread) and the FADD row sum (no spill).
-    **{
-        f"fa4_fp8_{name}_m192_n{n}": {
-            "softmax_mode": mode,
-            **knobs,
-            "tile_m": 192,
-            "tile_n": n,
-            "intra_wg_overlap": False,
-        }
-        for name, mode, knobs in (
-            ("h15_sat_mma", "rowmax_h15", {"clamp": "sat", "row_sum": "mma"}),
-            ("h15_sat", "rowmax_h15", {"clamp": "sat"}),
-            ("exact_mma", "exact", {"row_sum": "mma"}),
-        )
-        for n in (128, 160)  # fa4_rowmax.config.FP8_TILE_M3_TILE_NS (bench/ looks the package up lazily)
-    },
 }
 # Peers every row of an FP8 group is also compared with (same interleaved rounds): speedup_vs_<name>.
 RATIO_PEERS = ("fa3_fp8", "fa4_stock_bf16")
@@ -925,6 +928,7 @@ def _fp8_specs() -> list[KernelSpec]:
     ]
     variants += list(FP8_LEVERS.items())
     variants += list(FP8_CANDIDATES.items())
+    variants += list(FP8_TILE_M3.items())
     variants += [
         (f"{name}_arrive", {**knobs, "arrive_after_pv": True})
         for name, knobs in FP8_CANDIDATES.items()
