@@ -181,8 +181,7 @@ FP8_LEVERS = {
 }
 # Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]), opt-in rows (`--kernels '*_m192_*'`).
 FP8_TILE_M3 = {
-    # Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]): without overlap, tile_n <= 160; the
-    # MMA row sum (its 8 columns spill a few registers at 160 a thread) and the FADD row sum (no spill).
+    # Without overlap, tile_n <= 160; the MMA row sum (its 8 columns spill a few registers at 160 a thread) and the FADD row sum (no spill).
     **{
         f"fa4_fp8_{name}_m192_n{n}": {
             "softmax_mode": mode,

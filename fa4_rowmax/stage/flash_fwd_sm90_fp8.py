@@ -15,21 +15,8 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
 - `mma_one_n_block` (no intra-warpgroup overlap): the e4m3 P operand, two-level promotion, and with
   `arrive_after_pv` the hand-over to the other warpgroup right after the P.V GEMM (Note [Scheduler window after
   the P.V GEMM]).
-- `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [Three consumer warpgroups]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Without intra-warpgroup overlap a consumer warpgroup's tile is a chain: its S GEMM, its softmax, its P.V GEMM, the
-promotion; only the other warpgroups' GEMMs run under its softmax. With two warpgroups at tile 256 the softmax
-outlasts the other's two GEMMs (on the H200, Nsight Compute at 8K keys: ~1,600 cycles of rowmax_h15 softmax at
-~0.33 instructions a cycle beside ~1,060 tensor cycles of the other warpgroup), so the tensor pipe idles ~40 % of
-the time. tile_m=192 runs three consumer warpgroups (64 rows each; FA4's register split gives 160 registers a
-thread), so two other warpgroups' GEMMs run under each softmax. At 160 registers only tile_n <= 160 fits beside O
-and the fresh accumulator, and intra-warpgroup overlap does not fit at all (the host refuses both). FA4 runs three
-warpgroups without overlap with no scheduler barrier (`use_scheduler_barrier`): the warpgroups issue their GEMMs
-as they are ready, so there is no hand-over to move (`arrive_after_pv` is refused). Values do not depend on
-tile_m: a row's arithmetic is its warpgroup's, whichever Q tile holds it (tests check tile_m 192 against 128 bit
-for bit).
-
-Note [V^T at FA4's padded offsets]).
+- `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [V^T at FA4's padded offsets]).
+- tile_m 128 or 192: two or three consumer warpgroups (Note [Three consumer warpgroups]).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
 warpgroups, epilogue) is FA4's. Supported: dense batches and varlen (cu_seqlens_q/k, seqused_q/k), head dim
@@ -69,6 +56,20 @@ local window, no KV split), leaves its hand-over to FA4's arrive after the loop.
 must then fit beside one GEMM instead of two, so this is a measured choice (`arrive_after_pv`, off by default: it
 pays for the exp2-deleted probe and H15 at tile 224, and loses at tile 256 and for the MUFU-bound exact twin;
 docs/fp8_sm90.md, "Levers").
+
+Note [Three consumer warpgroups]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Without intra-warpgroup overlap a consumer warpgroup's tile is a chain: its S GEMM, its softmax, its P.V GEMM, the
+promotion; only the other warpgroups' GEMMs run under its softmax. With two warpgroups at tile 256 the softmax
+outlasts the other's two GEMMs (on the H200, Nsight Compute at 8K keys: ~1,600 cycles of rowmax_h15 softmax at
+~0.33 instructions a cycle beside ~1,060 tensor cycles of the other warpgroup), so the tensor pipe idles ~40 % of
+the time. tile_m=192 runs three consumer warpgroups (64 rows each; FA4's register split gives 160 registers a
+thread), so two other warpgroups' GEMMs run under each softmax. At 160 registers only tile_n <= 160 fits beside O
+and the fresh accumulator, and intra-warpgroup overlap does not fit at all (the host refuses both). FA4 runs three
+warpgroups without overlap with no scheduler barrier (`use_scheduler_barrier`): the warpgroups issue their GEMMs
+as they are ready, so there is no hand-over to move (`arrive_after_pv` is refused). Values do not depend on
+tile_m: a row's arithmetic is its warpgroup's, whichever Q tile holds it (tests check tile_m 192 against 128 bit
+for bit).
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
