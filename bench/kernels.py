@@ -198,6 +198,33 @@ FP8_TILE_M3 = {
         for n in (128, 160)  # fa4_rowmax.config.FP8_TILE_M3_TILE_NS (bench/ looks the package up lazily)
     },
 }
+# More K/V stages in flight (Note [KV stages in shared memory], fa4_rowmax/fp8_sm90.py), opt-in rows
+# (`--kernels '*_s[345]'`): three warpgroups at the stages their shared memory allows, and tile 192 at tile_m 128,
+# the largest key tile that takes a third stage.
+FP8_KV_STAGE_ROWS = {
+    **{
+        f"{name}_s{stages}": {**FP8_TILE_M3[name], "kv_stages": stages}
+        for name, stages in (
+            ("fa4_fp8_h15_sat_mma_m192_n128", 4),
+            ("fa4_fp8_h15_sat_mma_m192_n128", 5),
+            ("fa4_fp8_h15_sat_mma_m192_n160", 4),
+            ("fa4_fp8_exact_mma_m192_n160", 4),
+        )
+    },
+    **{
+        f"fa4_fp8_{name}_n192_nooverlap_s3": {
+            "softmax_mode": mode,
+            **knobs,
+            "tile_n": 192,
+            "intra_wg_overlap": False,
+            "kv_stages": 3,
+        }
+        for name, mode, knobs in (
+            ("h15_sat_mma", "rowmax_h15", {"clamp": "sat", "row_sum": "mma"}),
+            ("exact_mma", "exact", {"row_sum": "mma"}),
+        )
+    },
+}
 # Candidates for the FP8 forward's tuned defaults (issue 22 item 3: the fastest configuration that passes every
 # accuracy check), all two-level: the clamp by saturation and the MMA row sum (the levers that free registers), at
 # KV tile 128 with FA4's intra-warpgroup overlap (the largest tile whose registers fit beside the second accumulator
@@ -928,6 +955,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += list(FP8_LEVERS.items())
     variants += list(FP8_CANDIDATES.items())
     variants += list(FP8_TILE_M3.items())
+    variants += list(FP8_KV_STAGE_ROWS.items())
     variants += [
         (f"{name}_arrive", {**knobs, "arrive_after_pv": True})
         for name, knobs in FP8_CANDIDATES.items()
@@ -980,6 +1008,18 @@ def _fp8_specs() -> list[KernelSpec]:
                 "tile_m": 192,
                 "tile_n": 128,
                 "intra_wg_overlap": False,
+            },
+        ),
+        (
+            "fa4_fp8_exact_noexp_mma_m192_n128_s4",
+            {
+                "softmax_mode": "exact",
+                "exp2_deleted": True,
+                "row_sum": "mma",
+                "tile_m": 192,
+                "tile_n": 128,
+                "intra_wg_overlap": False,
+                "kv_stages": 4,
             },
         ),
         (

@@ -116,6 +116,9 @@ FP8_TILE_NS = (128, 160, 192, 224, 256)
 # at most 160 keys per tile (Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py).
 FP8_TILE_MS = (128, 192)
 FP8_TILE_M3_TILE_NS = (128, 160)
+# K and V buffers in flight of the FP8 forward (FA4's num_stages): a stage holds one K tile and one V^T tile, so
+# how many fit depends on tile_m, tile_n and the head dim (Note [KV stages in shared memory], fp8_sm90.py).
+FP8_KV_STAGES = (2, 3, 4, 5)
 STAGE_KNOBS = {
     "anchor_rounding": Knob(ANCHOR_ROUNDINGS, "exact", ("sm90", "sm90_fp8")),
     "rescale_vote": Knob((False, True), False, ("sm90", "sm90_fp8")),
@@ -124,6 +127,7 @@ STAGE_KNOBS = {
     "exp2_deleted": Knob((False, True), False, ("sm90_fp8",)),
     "tile_n": Knob(FP8_TILE_NS, 128, ("sm90_fp8",)),
     "tile_m": Knob(FP8_TILE_MS, 128, ("sm90_fp8",)),
+    "kv_stages": Knob(FP8_KV_STAGES, 2, ("sm90_fp8",)),
     "pv_accumulation": Knob(PV_ACCUMULATIONS, "two_level", ("sm90_fp8",)),
     # FA4's intra-warpgroup overlap (the next tile's S while this tile's P V runs); off, each warpgroup's S, softmax
     # and P V follow each other and only the other warpgroup's GEMMs overlap them (Note [Two-level P.V

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fa4_rowmax.aux_data import NO_AUX_DATA
-from fa4_rowmax.config import check_real
+from fa4_rowmax.config import FP8_TILE_M3_TILE_NS, check_real
 from fa4_rowmax.interface import FP8_SM90_VARLEN_ARGS, STAGE_KNOBS, SoftmaxStage, softmax_stage
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS
 
@@ -50,7 +50,6 @@ class KernelConfig:
     qhead_per_kvhead: int
     causal: bool
     stage: SoftmaxStage  # resolved for the SM90 FP8 forward (SoftmaxStage.for_kernel)
-    num_stages: int = 2
     varlen: bool = False  # q, k, v packed, with cu_seqlens_q / cu_seqlens_k
     seqused_q: bool = False
     seqused_k: bool = False
@@ -62,6 +61,10 @@ class KernelConfig:
     @property
     def tile_m(self) -> int:
         return self.stage.tile_m
+
+    @property
+    def num_stages(self) -> int:
+        return self.stage.kv_stages
 
     @property
     def pack_gqa(self) -> bool:
@@ -79,39 +82,81 @@ class KernelConfig:
 # accuracy contract: tests/test_fp8_sm90_long_rows.py), per softmax mode, head dim and mask: the geometric mean
 # of the speed-up over FA3-FP8 across the lengths, MHA and GQA (`python -m bench --fp8`; head dim 64 and tile 128
 # to 224 from 2K-32K, bench/results/h200_2026-12-02_s6/bench_fp8/; tile 256 and the scheduler hand-over from
-# 8K-32K, bench/results/h200_2026-12-02_s8/). Rowmax-H15 takes the clamp by saturation and the MMA row sum (same
-# values as the FMNMX clamp; the row sum of exactly the P that enters the MMA) at tile 256 without
-# intra-warpgroup overlap at head dim 128 (without overlap S and the second accumulator are never live together,
-# so the largest wgmma N fits: Note [Two-level P.V accumulation]) and at tile 192 with it at head dim 64; the
-# exact twin, bound by the MUFU, takes the MMA row sum at tile 256 without overlap at head dim 128, tile 192 at
-# head dim 64 non-causal, FA4's tile 128 at head dim 64 causal (tile 256 measured 2 % faster there at 8K-32K, not
-# yet through the GPU tests as a default). Both keep FA4's
-# scheduler hand-over (`arrive_after_pv` pays only where the softmax fits beside one GEMM: Note [Scheduler window
-# after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level accumulation (a
-# single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor (clamp="sat"
-# requires it).
-TUNED_DEFAULTS = {
-    ("rowmax_h15", 128, False): dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False),
-    ("rowmax_h15", 128, True): dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False),
-    ("rowmax_h15", 64, False): dict(clamp="sat", row_sum="mma", tile_n=192),
-    ("rowmax_h15", 64, True): dict(clamp="sat", row_sum="mma", tile_n=192),
-    ("exact", 128, False): dict(row_sum="mma", tile_n=256, intra_wg_overlap=False),
-    ("exact", 128, True): dict(row_sum="mma", tile_n=256, intra_wg_overlap=False),
-    ("exact", 64, False): dict(row_sum="mma", tile_n=192, intra_wg_overlap=False),
-    ("exact", 64, True): {},
+# 8K-32K, bench/results/h200_2026-12-02_s8/; three consumer warpgroups at 8K-32K, two runs,
+# bench/results/h200_2026-12-03_s12/).
+# - Rowmax-H15 takes the clamp by saturation and the MMA row sum (same values as the FMNMX clamp; the row sum of
+#   exactly the P that enters the MMA). At head dim 128 non-causal and head dim 64 causal three consumer warpgroups
+#   at tile 160 (tile_m 192, Note [Three consumer warpgroups]) run 2 % ahead of two; at head dim 128 causal two
+#   warpgroups at tile 256 without intra-warpgroup overlap (without overlap S and the second accumulator are never
+#   live together, so the largest wgmma N fits: Note [Two-level P.V accumulation]) stay 1 % ahead, and at head
+#   dim 64 non-causal tile 192 with overlap 2 %.
+# - The exact twin, bound by the MUFU, takes the MMA row sum; three warpgroups at tile 128 gain 10-16 % at head dim
+#   64 (one run) and at tile 160 2 % at head dim 128 non-causal; at head dim 128 causal the two agree within
+#   0.5 % and two warpgroups at tile 256 without overlap stay.
+# TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster. A call whose own knobs exclude three
+# warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup entry; a call
+# that passes tile_m gets that tile_m's entry. Both keep FA4's scheduler hand-over (`arrive_after_pv` pays only
+# where the softmax fits beside one GEMM: Note [Scheduler window after the P.V GEMM]). A knob the caller passes
+# wins, the table applies only to two-level accumulation (a single-level call keeps config.STAGE_KNOBS'
+# defaults), and the clamp only with the exact anchor (clamp="sat" requires it).
+_H15_M192 = dict(clamp="sat", row_sum="mma", tile_n=160, intra_wg_overlap=False)
+_H15_M128 = dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False)
+_EXACT_M128 = dict(row_sum="mma", tile_n=256, intra_wg_overlap=False)
+TUNED_DEFAULTS = {  # (mode, head_dim, causal) -> {tile_m: the knobs at that tile_m}
+    ("rowmax_h15", 128, False): {192: _H15_M192, 128: _H15_M128},
+    ("rowmax_h15", 128, True): {192: _H15_M192, 128: _H15_M128},
+    ("rowmax_h15", 64, False): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192)},
+    ("rowmax_h15", 64, True): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192)},
+    ("exact", 128, False): {192: dict(row_sum="mma", tile_n=160, intra_wg_overlap=False), 128: _EXACT_M128},
+    ("exact", 128, True): {192: dict(row_sum="mma", tile_n=160, intra_wg_overlap=False), 128: _EXACT_M128},
+    ("exact", 64, False): {
+        192: dict(row_sum="mma", tile_n=128, intra_wg_overlap=False),
+        128: dict(row_sum="mma", tile_n=192, intra_wg_overlap=False),
+    },
+    ("exact", 64, True): {192: dict(row_sum="mma", tile_n=128, intra_wg_overlap=False), 128: {}},
 }
+TUNED_TILE_M = {
+    ("rowmax_h15", 128, False): 192,
+    ("rowmax_h15", 128, True): 128,
+    ("rowmax_h15", 64, False): 128,
+    ("rowmax_h15", 64, True): 192,
+    ("exact", 128, False): 192,
+    ("exact", 128, True): 128,
+    ("exact", 64, False): 192,
+    ("exact", 64, True): 192,
+}
+
+
+def _admits_three_warpgroups(stage: SoftmaxStage, explicit) -> bool:
+    """Whether the knobs the caller passed leave tile_m=192 possible (interface._check_three_warpgroups)."""
+    return (
+        ("tile_n" not in explicit or stage.tile_n in FP8_TILE_M3_TILE_NS)
+        and ("intra_wg_overlap" not in explicit or not stage.intra_wg_overlap)
+        and ("arrive_after_pv" not in explicit or not stage.arrive_after_pv)
+    )
+
+
+def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> dict:
+    """Note [Tuned defaults] for the knobs not named in `explicit` (the knobs the caller passed), tile_m included."""
+    key = (stage.mode, head_dim, causal)
+    if key not in TUNED_DEFAULTS:  # refused later, by name (SoftmaxStage.for_kernel, the head-dim check)
+        return {}
+    if "tile_m" in explicit:
+        tile_m = stage.tile_m
+    else:
+        tile_m = TUNED_TILE_M[key] if _admits_three_warpgroups(stage, explicit) else 128
+    return {k: v for k, v in {"tile_m": tile_m, **TUNED_DEFAULTS[key][tile_m]}.items() if k not in explicit}
 
 
 def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> SoftmaxStage:
     """`stage` with Note [Tuned defaults] in every knob not named in `explicit` (the knobs the caller passed)."""
     if stage.pv_accumulation != "two_level":
         return stage
-    # a mode or head dim without an entry is refused later, by name (SoftmaxStage.for_kernel, the head-dim check)
-    tuned = {k: v for k, v in TUNED_DEFAULTS.get((stage.mode, head_dim, causal), {}).items() if k not in explicit}
+    tuned = tuned_knobs(stage, head_dim, causal, explicit)
     if stage.anchor_rounding != "exact":
         tuned.pop("clamp", None)
     if stage.exp2_deleted:
-        return replace(stage, **{k: v for k, v in tuned.items() if k in ("tile_n", "intra_wg_overlap")})
+        return replace(stage, **{k: v for k, v in tuned.items() if k in ("tile_m", "tile_n", "intra_wg_overlap")})
     return replace(stage, **tuned)
 
 
@@ -233,6 +278,54 @@ def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, valida
     return batch
 
 
+# Note [KV stages in shared memory]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The producer warp keeps `kv_stages` K tiles and as many V^T tiles in shared memory (FA4's num_stages; 2 by
+# default, as FA4 and FA3 run head dim 128), so it can load ahead of the slowest consumer warpgroup: a stage is
+# refilled only once every consumer warpgroup has released it, and three warpgroups (tile_m 192) drift further
+# apart than two. The kernel's storage (stage/flash_fwd_sm90_fp8.py, `_get_shared_storage_cls`) is the barriers,
+# the V^T stages (tile_n x head_dim_v bytes each, head_dim_v = head_dim + 8 with the MMA row sum), Q with O (BF16)
+# in the same buffer, and the K stages, each buffer aligned to 1,024 bytes; one more 1,024 covers the empty P
+# buffer's alignment. A configuration past the H200's 227 KiB a block is refused by name, not left to the launch.
+SMEM_ALIGN = 1024
+SMEM_PER_BLOCK = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on SM90 (227 KiB)
+
+
+def shared_memory_bytes(head_dim: int, tile_m: int, tile_n: int, kv_stages: int, row_sum: str) -> int:
+    """The FP8 forward's shared memory a block (Note [KV stages in shared memory])."""
+
+    def aligned(n: int) -> int:
+        return -(-n // SMEM_ALIGN) * SMEM_ALIGN
+
+    head_dim_v = head_dim + (ROW_SUM_COLUMNS if row_sum == "mma" else 0)
+    barriers = 8 * (2 + 4 * kv_stages)  # Q full/empty, then K and V full/empty per stage
+    q_and_o = max(tile_m * head_dim, tile_m * head_dim_v * 2)
+    return (
+        aligned(barriers)
+        + aligned(kv_stages * tile_n * head_dim_v)
+        + aligned(q_and_o)
+        + aligned(kv_stages * tile_n * head_dim)
+        + SMEM_ALIGN
+    )
+
+
+def check_shared_memory(stage: SoftmaxStage, head_dim: int) -> None:
+    """ValueError naming kv_stages and the most that fit when this stage's buffers exceed SMEM_PER_BLOCK."""
+    need = shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, stage.row_sum)
+    if need <= SMEM_PER_BLOCK:
+        return
+    fitting = [
+        n
+        for n in STAGE_KNOBS["kv_stages"].accepted
+        if shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, n, stage.row_sum) <= SMEM_PER_BLOCK
+    ]
+    raise ValueError(
+        f"kv_stages={stage.kv_stages} at tile_m={stage.tile_m}, tile_n={stage.tile_n}, head dim {head_dim}, "
+        f"row_sum={stage.row_sum!r} needs {need:,} bytes of shared memory a block, more than the {SMEM_PER_BLOCK:,} "
+        f"an SM90 block can have (Note [KV stages in shared memory]); accepted there: kv_stages in {tuple(fitting)}"
+    )
+
+
 _compile_cache: dict = {}
 
 
@@ -316,6 +409,7 @@ def flash_attn_fp8_sm90(
     - `tile_n` (keys per tile, a multiple of 32);
     - `tile_m` (query rows per tile: 128, two consumer warpgroups, or 192, three; Note [Three consumer warpgroups]
       in stage/flash_fwd_sm90_fp8.py);
+    - `kv_stages` (K and V^T tiles in flight, 2-5 as shared memory allows: Note [KV stages in shared memory]);
     - `pv_accumulation` ("two_level": each tile's P V in a fresh accumulator, added into fp32 O, accurate at any
       length; "single": O is the FP8 MMA's accumulator, whose truncation grows O's error with the key count;
       Note [Two-level P.V accumulation]);
@@ -429,6 +523,7 @@ def _forward(
     features = dict(features or {}, **varlen_args, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)))
     stage = tuned_stage(stage, head_dim, causal, explicit)
     stage = stage.for_kernel(arch=90, q_dtype=q.dtype, features=features)
+    check_shared_memory(stage, head_dim)
     if stage.row_sum == "mma" and stage.pv_accumulation == "single" and total_k > MMA_ROW_SUM_MAX_KEYS:
         what = "total_k (varlen: the bound on every sequence's keys)" if varlen else "seqlen_k"
         raise ValueError(

@@ -202,7 +202,7 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n`, `tile_m` (fa4_rowmax/fp8_sm90.py).
+    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages` (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
@@ -215,6 +215,7 @@ class SoftmaxStage:
     exp2_deleted: bool = STAGE_KNOBS["exp2_deleted"].default
     tile_n: int = STAGE_KNOBS["tile_n"].default
     tile_m: int = STAGE_KNOBS["tile_m"].default  # Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py
+    kv_stages: int = STAGE_KNOBS["kv_stages"].default  # Note [KV stages in shared memory], fp8_sm90.py
     pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
     intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
     arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]

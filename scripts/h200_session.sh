@@ -6,6 +6,10 @@
 #   bash scripts/h200_session.sh tests OUT        # the FA4 BF16 and hf GPU tests, the gates job
 #   bash scripts/h200_session.sh tilemtests OUT   # the GPU tests of tile_m=192 (three consumer warpgroups)
 #   bash scripts/h200_session.sh tilem OUT        # the FP8 benchmark's tile_m=192 rows beside the defaults, 8K-32K
+#   bash scripts/h200_session.sh defaults OUT     # the FP8 GPU tests through the tuned defaults: the long-row contract,
+#                                                 # the SM90 FP8 file, varlen, the FP8 gates and hf (~8 minutes)
+#   bash scripts/h200_session.sh kvstages OUT     # the GPU tests of tile_m and kv_stages, then the kv_stages rows
+#                                                 # beside the defaults and tile_m=192 at two stages, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
 #   bash scripts/h200_session.sh qualityfp8 OUT   # SmolLM2-135M: the FP8 modes through the kernel and the simulator
 #   bash scripts/h200_session.sh qwen05 OUT       # Qwen2.5-0.5B on Austen, 97 blocks, every kernel mode (issue 12)
@@ -89,6 +93,24 @@ case "$STEP" in
       --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 'fa4_fp8_*_m192_n*' fa4_fp8_exact_noexp_mma_n256_nooverlap \
       > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/bench.log" ;;
+  defaults)
+    # issue 22 item 3: every FP8 GPU test through Note [Tuned defaults] (three consumer warpgroups where fastest)
+    timeout 120 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_long_rows.py > "$OUT/pytest_long_rows.log" 2>&1
+    tail -2 "$OUT/pytest_long_rows.log"
+    timeout 300 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "not three_warpgroups_and_kv_stages" \
+      > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8.log"
+    timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_varlen.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
+      > "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" ;;
+  kvstages)
+    # issue 22: more K/V stages in flight (Note [KV stages in shared memory]) for three warpgroups and tile 192
+    timeout 200 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "three_warpgroups_and_kv_stages" \
+      > "$OUT/pytest_kv_stages.log" 2>&1; tail -3 "$OUT/pytest_kv_stages.log"
+    python3 -m bench --fp8 --seqlens 8K 16K 32K --rounds 5 --max-minutes 5 --out "$OUT" --name h200_fp8_kv_stages \
+      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_h15_sat_mma_m192_n160 fa4_fp8_exact_mma_m192_n160 \
+      fa4_fp8_h15_sat_mma_n192_nooverlap \
+      'fa4_fp8_*_s[345]' fa4_fp8_exact_noexp_mma_n256_nooverlap fa4_fp8_exact_noexp_mma_m192_n128 \
+      > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/bench.log" ;;
   tilemtests)
     timeout 400 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_fp8_sm90_varlen.py \
       -k "three_warpgroups or tile_m" > "$OUT/pytest_tile_m.log" 2>&1; tail -6 "$OUT/pytest_tile_m.log" ;;
@@ -153,7 +175,7 @@ case "$STEP" in
   qwen15fp8long)
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
-  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tilemtests, tilem, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
+  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
 esac

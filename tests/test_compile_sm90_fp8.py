@@ -38,7 +38,7 @@ MAIN_LOOP_LOCAL = "STL/LDL in the main loop"
 PV_THEN_ARRIVE = "P.V GEMMs followed by the scheduler arrive"
 SINGLE = dict(pv_accumulation="single")
 # Every structural knob explicit, so that Note [Tuned defaults] (fp8_sm90.py) leaves them as named here.
-_EXPLICIT = dict(tile_n=128, intra_wg_overlap=True, row_sum="fadd", clamp="max")
+_EXPLICIT = dict(tile_m=128, tile_n=128, intra_wg_overlap=True, row_sum="fadd", clamp="max")
 CONFIGS = {
     "exact": dict(softmax_mode="exact", **SINGLE),
     "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True, **SINGLE),
@@ -63,6 +63,10 @@ CONFIGS = {
     # Three consumer warpgroups (Note [Three consumer warpgroups]), both row sums, beside two at the same tile.
     "h15_sat_mma_m192": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False),
     "h15_sat_m192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_m=192, intra_wg_overlap=False),
+    # More K/V tiles in flight (Note [KV stages in shared memory]).
+    "h15_sat_mma_m192_s4": dict(
+        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False, kv_stages=4
+    ),
     "h15_sat_nooverlap": dict(softmax_mode="rowmax_h15", clamp="sat", intra_wg_overlap=False),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
@@ -229,3 +233,13 @@ def test_three_warpgroups(compiled, name):
         assert abs(count(ops, op) - count(two, op)) <= 4, (op, count(ops, op), count(two, op))
     if name == "h15_sat_m192":
         assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
+
+
+def test_kv_stages_change_no_arithmetic(compiled):
+    """Note [KV stages in shared memory]: four K/V stages instead of two change the buffers the producer fills, not the
+    consumers' code: the same wgmma, per-element operations and local-memory traffic, at the same register split."""
+    _, ops = compiled["h15_sat_mma_m192_s4"]
+    _, two = compiled["h15_sat_mma_m192"]
+    for op in ("QGMMA.64x128x32", "QGMMA.64x136x32", "FFMA.SAT", "PRMT", "FMNMX.NAN", CONSUMER_REGISTERS):
+        assert count(ops, op) == count(two, op) > 0, (op, count(ops, op), count(two, op))
+    assert abs(ops[MAIN_LOOP_LOCAL] - two[MAIN_LOOP_LOCAL]) <= 2, (ops[MAIN_LOOP_LOCAL], two[MAIN_LOOP_LOCAL])

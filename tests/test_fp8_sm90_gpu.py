@@ -152,31 +152,48 @@ TILE_M_CASES = [  # shape index, causal, mode, knobs beside tile_m and intra_wg_
 ]
 
 
+def _most_kv_stages(head_dim, tile_m, knobs):
+    from fa4_rowmax.config import FP8_KV_STAGES
+    from fa4_rowmax.fp8_sm90 import SMEM_PER_BLOCK, shared_memory_bytes
+
+    row_sum = knobs.get("row_sum", "fadd")
+    return max(
+        n for n in FP8_KV_STAGES if shared_memory_bytes(head_dim, tile_m, knobs["tile_n"], n, row_sum) <= SMEM_PER_BLOCK
+    )
+
+
+@pytest.mark.parametrize("structure", ["tile_m=192", "tile_m=192, most kv_stages", "most kv_stages"])
 @pytest.mark.parametrize(
     "case",
     TILE_M_CASES,
     ids=lambda c: "-".join([str(SHAPES[c[0]]), "causal" if c[1] else "full", c[2], *map(str, c[3].values())]),
 )
 @pytest.mark.gpu(arch="sm90")
-def test_three_warpgroups_are_bit_identical_to_two(case):
-    """Note [Three consumer warpgroups]: a row's arithmetic does not depend on tile_m, so tile_m=192 gives the out and
-    LSE of tile_m=128 bit for bit, every other knob equal: off-grid seqlens, GQA 4 (packed at both), 6 (packed at
-    192 only) and 7 (unpacked), causal rows that see no key, head dim 64, a NaN score and an e4m3-max key entry,
-    output memory poisoned with NaN first."""
+def test_three_warpgroups_and_kv_stages_are_bit_identical(case, structure):
+    """Note [Three consumer warpgroups], Note [KV stages in shared memory]: a row's arithmetic depends neither on
+    tile_m nor on how many K/V tiles are in flight, so tile_m=192 and the most kv_stages that fit give the out and
+    LSE of tile_m=128 with two stages bit for bit, every other knob equal: off-grid seqlens, GQA 4 (packed at both),
+    6 (packed at 192 only) and 7 (unpacked), causal rows that see no key, head dim 64, a NaN score in a row that
+    sees keys and an e4m3-max key entry, output memory poisoned with NaN first. The most stages also show that
+    `shared_memory_bytes` does not undercount: a block past the SM's shared memory does not launch."""
     from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 
     shape_index, causal, mode, knobs = case
-    q, k, v = _inputs(hash(str(case)) % 2**31, *SHAPES[shape_index])
-    q[0, 5, 0, 3] = math.nan
+    head_dim = SHAPES[shape_index][-1]
+    tile_m = 192 if "tile_m=192" in structure else 128
+    kv_stages = _most_kv_stages(head_dim, tile_m, knobs) if "kv_stages" in structure else 2
+    assert (tile_m, kv_stages) != (128, 2)
+    q, k, v = _inputs(hash((str(case), structure)) % 2**31, *SHAPES[shape_index])
+    q[0, -5, 0, 3] = math.nan  # the last rows see keys under either causal alignment
     k[-1, 17, -1, 9] = 448.0
     common = dict(causal=causal, softmax_mode=mode, intra_wg_overlap=False, **knobs)
     poison_allocator()
-    out2, lse2 = flash_attn_fp8_sm90(q, k, v, tile_m=128, **common)
+    out2, lse2 = flash_attn_fp8_sm90(q, k, v, tile_m=128, kv_stages=2, **common)
     poison_allocator()
-    out3, lse3 = flash_attn_fp8_sm90(q, k, v, tile_m=192, **common)
+    out3, lse3 = flash_attn_fp8_sm90(q, k, v, tile_m=tile_m, kv_stages=kv_stages, **common)
     assert torch.isnan(out2).any() and not torch.isnan(out2).all(), "the NaN score must reach some rows, not all"
-    assert torch.equal(out3.view(torch.int16), out2.view(torch.int16)), "out differs between tile_m 192 and 128"
-    assert torch.equal(lse3.view(torch.int32), lse2.view(torch.int32)), "LSE differs between tile_m 192 and 128"
+    assert torch.equal(out3.view(torch.int16), out2.view(torch.int16)), f"out differs at {structure} ({kv_stages})"
+    assert torch.equal(lse3.view(torch.int32), lse2.view(torch.int32)), f"LSE differs at {structure} ({kv_stages})"
 
 
 @pytest.mark.parametrize("beta", [0.25, 0.5, 1.0])
@@ -456,6 +473,18 @@ def test_bad_inputs_raise(change, match):
         (dict(clamp="sat"), "clamp='sat' applies to softmax_mode='rowmax_h15'"),
         (dict(softmax_mode="rowmax_h15", clamp="min"), "clamp must be one of"),
         (dict(arrive_after_pv=True, intra_wg_overlap=True), "arrive_after_pv=True with intra_wg_overlap=False"),
+        (dict(tile_m=192, intra_wg_overlap=True), "tile_m=192 .* needs intra_wg_overlap=False"),
+        (dict(tile_m=192, tile_n=192, intra_wg_overlap=False), r"tile_m=192 .* takes tile_n in \(128, 160\)"),
+        (dict(kv_stages=6), r"kv_stages must be one of \(2, 3, 4, 5\)"),
+        (
+            dict(tile_n=256, intra_wg_overlap=False, row_sum="mma", kv_stages=3),
+            r"kv_stages=3 at tile_m=128, tile_n=256, head dim 128, row_sum='mma' needs 239,616 bytes .* "
+            r"accepted there: kv_stages in \(2,\)",
+        ),
+        (
+            dict(tile_m=192, tile_n=160, intra_wg_overlap=False, kv_stages=5),
+            r"kv_stages=5 at tile_m=192, tile_n=160, .* accepted there: kv_stages in \(2, 3, 4\)",
+        ),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

@@ -1,33 +1,62 @@
 """Note [Tuned defaults] (fa4_rowmax/fp8_sm90.py): the SM90 FP8 forward's unset knobs take the benchmark's fastest
-two-level configuration per mode, head dim and mask; a knob the caller passes wins; single-level calls and the
-folded anchor are not tuned. On the CPU: the resolution, and that every table entry is a stage the FP8 forward
-resolves (knob values accepted, rules between knobs kept)."""
+two-level configuration per mode, head dim and mask; a knob the caller passes wins, and one that excludes three
+consumer warpgroups selects the two-warpgroup entry; single-level calls and the folded anchor are not tuned. On the
+CPU: the resolution, and that every table entry is a stage the FP8 forward resolves (knob values accepted, rules
+between knobs kept)."""
 
 import pytest
 import torch
 
 from fa4_rowmax.config import STAGE_KNOBS
-from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, call_stage
+from fa4_rowmax.config import FP8_TILE_MS
+from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, TUNED_TILE_M, call_stage, check_shared_memory
 
 
+@pytest.mark.parametrize("tile_m", FP8_TILE_MS)
 @pytest.mark.parametrize("key", sorted(TUNED_DEFAULTS, key=str))
-def test_every_entry_resolves_on_the_fp8_forward(key):
+def test_every_entry_resolves_on_the_fp8_forward(key, tile_m):
+    """The unset knobs take the faster tiling's entry; tile_m passed takes its own; both resolve and fit."""
     mode, head_dim, causal = key
-    stage = call_stage(mode, head_dim, causal)
-    for knob, value in TUNED_DEFAULTS[key].items():
+    stage = call_stage(mode, head_dim, causal, **({} if tile_m == TUNED_TILE_M[key] else {"tile_m": tile_m}))
+    assert stage.tile_m == tile_m
+    for knob, value in TUNED_DEFAULTS[key][tile_m].items():
         assert getattr(stage, knob) == value
     resolved = stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
     assert resolved.kernel == "sm90_fp8" and resolved.pv_accumulation == "two_level"
+    check_shared_memory(resolved, head_dim)
 
 
 def test_the_table_covers_every_mode_head_dim_and_mask():
-    assert set(TUNED_DEFAULTS) == {(m, d, c) for m in ("exact", "rowmax_h15") for d in (64, 128) for c in (False, True)}
+    keys = {(m, d, c) for m in ("exact", "rowmax_h15") for d in (64, 128) for c in (False, True)}
+    assert set(TUNED_DEFAULTS) == set(TUNED_TILE_M) == keys
+    assert all(set(entry) == set(FP8_TILE_MS) for entry in TUNED_DEFAULTS.values())
 
 
 def test_a_knob_the_caller_passes_wins():
     stage = call_stage("rowmax_h15", 128, False, tile_n=128, row_sum="fadd")
     assert (stage.tile_n, stage.row_sum) == (128, "fadd")
-    assert (stage.clamp, stage.intra_wg_overlap) == ("sat", False)  # the rest still tuned
+    assert (stage.tile_m, stage.clamp, stage.intra_wg_overlap) == (192, "sat", False)  # the rest still tuned
+
+
+@pytest.mark.parametrize(
+    "knobs", [dict(tile_n=256), dict(tile_n=192), dict(intra_wg_overlap=True), dict(arrive_after_pv=True)]
+)
+def test_a_knob_that_excludes_three_warpgroups_selects_two(knobs):
+    """Where three warpgroups are the fastest, a caller's knob that tile_m=192 refuses (interface._check_three_warpgroups)
+    gets the two-warpgroup entry for the rest, not a refusal of a tile_m it never asked for."""
+    key = ("rowmax_h15", 128, False)
+    assert TUNED_TILE_M[key] == 192
+    stage = call_stage(*key, **knobs)
+    assert stage.tile_m == 128
+    for knob, value in TUNED_DEFAULTS[key][128].items():
+        assert getattr(stage, knob) == knobs.get(knob, value), knob
+    stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
+
+
+def test_tile_m_passed_with_an_excluding_knob_is_refused_by_name():
+    stage = call_stage("rowmax_h15", 128, False, tile_m=192, tile_n=256)
+    with pytest.raises(ValueError, match=r"tile_m=192 \(three consumer warpgroups\) takes tile_n in \(128, 160\)"):
+        stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
 
 
 def test_single_level_keeps_the_stock_knobs():
@@ -57,8 +86,10 @@ def test_flash_attn_func_gets_the_tuned_stage(monkeypatch):
     with FakeTensorMode():
         q = torch.empty(1, 256, 2, 128, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_sm90.fa4_sm90_fp8_forward(
-            q, q, q, softmax_scale=None, causal=True, softmax_stage=softmax_stage("rowmax_h15", None, None)
+            q, q, q, softmax_scale=None, causal=False, softmax_stage=softmax_stage("rowmax_h15", None, None)
         )
     (config,) = seen
-    for knob, value in TUNED_DEFAULTS[("rowmax_h15", 128, True)].items():
+    key = ("rowmax_h15", 128, False)
+    assert config.tile_m == TUNED_TILE_M[key] == 192
+    for knob, value in TUNED_DEFAULTS[key][TUNED_TILE_M[key]].items():
         assert getattr(config.stage, knob) == value, knob
