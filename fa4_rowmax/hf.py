@@ -73,7 +73,7 @@ KERNEL_PREFIX = "kernel_"
 # and H15's lattice, moves at tile boundaries, so a reference at another tile would compute a different function.
 # Where two twins' simulators are one function (same config and tile) the study scores it once (study.py,
 # Note [One simulator for twins]). One difference stays:
-# with row_sum="mma" (the tuned exact twin at head dim 128) the kernel's row sum adds P after its e4m3 rounding,
+# with row_sum="mma" (every tuned two-level configuration) the kernel's row sum adds P after its e4m3 rounding,
 # the reference's before.
 E4M3_MAX = 448.0
 E4M3_TINY = 2.0**-6  # smallest normal
