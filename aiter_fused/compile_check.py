@@ -105,8 +105,8 @@ class Config:
 def configs(arch: str, matrix: str = "full") -> list[Config]:
     """Every configuration the dispatcher can launch (``full``): formats x the architecture's dot modes
     (and the exact twin) x head dims x causal x tile sizes, and the quantizers for each operand format
-    and head dim (MXFP4's also packed, for the "scaled" mode). ``ci``: the launch table's tile only, head dims 64 and 128 (64: the default dot mode
-    and the exact twin)."""
+    and head dim (MXFP4's also packed, for the "scaled" mode). ``ci``: the launch table's tile only, head dims
+    64 and 128 (64: the default dot mode and the exact twin)."""
     if matrix not in ("full", "ci"):
         raise ValueError(f"matrix must be 'full' or 'ci'; got {matrix!r}")
     full = matrix == "full"

@@ -18,9 +18,10 @@ fraction bits, truncated or rounded, groups of 16 or 32 products; the numerics s
 CPU seeds each, eleven for varlen causal) gave over all rows: median <= 7.6e-5, 99th percentile <=
 1.7e-3, maximum <= 2.1e-2 (varlen causal; dense head_dim 64 <= 8.9e-3, head_dim 128 <= 1.6e-3), and
 none for MXFP6/MXFP4 but for rare 1e-4 (as on the H200). The "fp8" check asks for about 2x (median,
-99th percentile) and 1.4x (maximum) of those: ``FP8_LSE_MEDIAN_TOL`` and ``FP8_LSE_P99_TOL`` catch anything that moves most
-rows (a wrong scale, block or mask), ``FP8_LSE_MAX_TOL`` bounds the tail (one e4m3 step, 1/8, of an
-element holding a quarter of its row's weight). The other modes sum in fp32, and MXFP6/MXFP4 products are held exactly: every row within ``LSE_TOL``.
+99th percentile) and 1.4x (maximum) of those: ``FP8_LSE_MEDIAN_TOL`` and ``FP8_LSE_P99_TOL`` catch anything
+that moves most rows (a wrong scale, block or mask), ``FP8_LSE_MAX_TOL`` bounds the tail (one e4m3 step, 1/8,
+of an element holding a quarter of its row's weight). The other modes sum in fp32, and MXFP6/MXFP4 products
+are held exactly: every row within ``LSE_TOL``.
 
 Note [Folded Schraudolph tolerance]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -181,7 +181,8 @@ FP8_LEVERS = {
 }
 # Three consumer warpgroups (tile_m 192, Note [Three consumer warpgroups]), opt-in rows (`--kernels '*_m192_*'`).
 FP8_TILE_M3 = {
-    # Without overlap, tile_n <= 160; the MMA row sum (its 8 columns spill a few registers at 160 a thread) and the FADD row sum (no spill).
+    # Without overlap, tile_n <= 160; the MMA row sum (its 8 columns spill a few registers at 160 a thread) and the
+    # FADD row sum (no spill).
     **{
         f"fa4_fp8_{name}_m192_n{n}": {
             "softmax_mode": mode,
@@ -197,6 +198,13 @@ FP8_TILE_M3 = {
         )
         for n in (128, 160)  # fa4_rowmax.config.FP8_TILE_M3_TILE_NS (bench/ looks the package up lazily)
     },
+}
+# Three consumer warpgroups under FA4's round-robin scheduler barrier (`scheduler_barrier`, Note [Three consumer
+# warpgroups]), with FA4's hand-over and right after the P.V GEMM; opt-in rows (`--kernels '*_sb' '*_sb_arrive'`).
+FP8_ROUND_ROBIN = {
+    f"{name}{suffix}": {**FP8_TILE_M3[name], "scheduler_barrier": True, **extra}
+    for name in ("fa4_fp8_h15_sat_mma_m192_n128", "fa4_fp8_h15_sat_mma_m192_n160", "fa4_fp8_exact_mma_m192_n160")
+    for suffix, extra in (("_sb", {}), ("_sb_arrive", {"arrive_after_pv": True}))
 }
 # More K/V stages in flight (Note [KV stages in shared memory], fa4_rowmax/fp8_sm90.py), opt-in rows
 # (`--kernels '*_s[345]'`): three warpgroups at the stages their shared memory allows, and tile 192 at tile_m 128,
@@ -956,6 +964,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += list(FP8_CANDIDATES.items())
     variants += list(FP8_TILE_M3.items())
     variants += list(FP8_KV_STAGE_ROWS.items())
+    variants += list(FP8_ROUND_ROBIN.items())
     variants += [
         (f"{name}_arrive", {**knobs, "arrive_after_pv": True})
         for name, knobs in FP8_CANDIDATES.items()
@@ -1008,6 +1017,31 @@ def _fp8_specs() -> list[KernelSpec]:
                 "tile_m": 192,
                 "tile_n": 128,
                 "intra_wg_overlap": False,
+            },
+        ),
+        (
+            "fa4_fp8_exact_noexp_mma_m192_n128_sb",
+            {
+                "softmax_mode": "exact",
+                "exp2_deleted": True,
+                "row_sum": "mma",
+                "tile_m": 192,
+                "tile_n": 128,
+                "intra_wg_overlap": False,
+                "scheduler_barrier": True,
+            },
+        ),
+        (
+            "fa4_fp8_exact_noexp_mma_m192_n128_sb_arrive",
+            {
+                "softmax_mode": "exact",
+                "exp2_deleted": True,
+                "row_sum": "mma",
+                "tile_m": 192,
+                "tile_n": 128,
+                "intra_wg_overlap": False,
+                "scheduler_barrier": True,
+                "arrive_after_pv": True,
             },
         ),
         (

@@ -138,6 +138,10 @@ STAGE_KNOBS = {
     # True hands over as soon as this tile's P.V GEMM has finished (Note [Scheduler window after the P.V GEMM],
     # stage/flash_fwd_sm90_fp8.py).
     "arrive_after_pv": Knob((False, True), False, ("sm90_fp8",)),
+    # Three consumer warpgroups (tile_m 192) without overlap: FA4's round-robin scheduler barrier, each warpgroup
+    # issuing its P.V and next S GEMM in turn; False is FA4's choice there, no barrier (two warpgroups always take
+    # FA4's ping-pong one). Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py.
+    "scheduler_barrier": Knob((False, True), False, ("sm90_fp8",)),
 }
 
 

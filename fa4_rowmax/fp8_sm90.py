@@ -95,10 +95,11 @@ class KernelConfig:
 #   0.5 % and two warpgroups at tile 256 without overlap stay.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster. A call whose own knobs exclude three
 # warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup entry; a call
-# that passes tile_m gets that tile_m's entry. Both keep FA4's scheduler hand-over (`arrive_after_pv` pays only
-# where the softmax fits beside one GEMM: Note [Scheduler window after the P.V GEMM]). A knob the caller passes
-# wins, the table applies only to two-level accumulation (a single-level call keeps config.STAGE_KNOBS'
-# defaults), and the clamp only with the exact anchor (clamp="sat" requires it).
+# that passes tile_m gets that tile_m's entry, and one that passes scheduler_barrier=True the three-warpgroup one.
+# Both keep FA4's scheduler hand-over (`arrive_after_pv` pays only where the softmax fits beside one GEMM: Note
+# [Scheduler window after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level
+# accumulation (a single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor
+# (clamp="sat" requires it).
 _H15_M192 = dict(clamp="sat", row_sum="mma", tile_n=160, intra_wg_overlap=False)
 _H15_M128 = dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False)
 _EXACT_M128 = dict(row_sum="mma", tile_n=256, intra_wg_overlap=False)
@@ -132,7 +133,7 @@ def _admits_three_warpgroups(stage: SoftmaxStage, explicit) -> bool:
     return (
         ("tile_n" not in explicit or stage.tile_n in FP8_TILE_M3_TILE_NS)
         and ("intra_wg_overlap" not in explicit or not stage.intra_wg_overlap)
-        and ("arrive_after_pv" not in explicit or not stage.arrive_after_pv)
+        and ("arrive_after_pv" not in explicit or not stage.arrive_after_pv or stage.scheduler_barrier)
     )
 
 
@@ -143,6 +144,8 @@ def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> d
         return {}
     if "tile_m" in explicit:
         tile_m = stage.tile_m
+    elif "scheduler_barrier" in explicit and stage.scheduler_barrier:  # a three-warpgroup knob
+        tile_m = 192
     else:
         tile_m = TUNED_TILE_M[key] if _admits_three_warpgroups(stage, explicit) else 128
     return {k: v for k, v in {"tile_m": tile_m, **TUNED_DEFAULTS[key][tile_m]}.items() if k not in explicit}
@@ -410,6 +413,8 @@ def flash_attn_fp8_sm90(
     - `tile_m` (query rows per tile: 128, two consumer warpgroups, or 192, three; Note [Three consumer warpgroups]
       in stage/flash_fwd_sm90_fp8.py);
     - `kv_stages` (K and V^T tiles in flight, 2-5 as shared memory allows: Note [KV stages in shared memory]);
+    - `scheduler_barrier=True` (tile_m=192: FA4's round-robin scheduler barrier between the three consumer
+      warpgroups; Note [Three consumer warpgroups]);
     - `pv_accumulation` ("two_level": each tile's P V in a fresh accumulator, added into fp32 O, accurate at any
       length; "single": O is the FP8 MMA's accumulator, whose truncation grows O's error with the key count;
       Note [Two-level P.V accumulation]);

@@ -202,7 +202,7 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages` (fa4_rowmax/fp8_sm90.py).
+    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier` (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
@@ -219,6 +219,7 @@ class SoftmaxStage:
     pv_accumulation: str = STAGE_KNOBS["pv_accumulation"].default  # Note [Two-level P.V accumulation]
     intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
     arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]
+    scheduler_barrier: bool = STAGE_KNOBS["scheduler_barrier"].default  # Note [Three consumer warpgroups]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None
@@ -302,6 +303,13 @@ class SoftmaxStage:
                 )
             if self.tile_m == 192:
                 _check_three_warpgroups(self)
+            elif self.scheduler_barrier:
+                raise ValueError(
+                    "scheduler_barrier=True gives three consumer warpgroups (tile_m=192) FA4's round-robin scheduler "
+                    "barrier; two warpgroups always take FA4's ping-pong one (Note [Three consumer warpgroups]); "
+                    f"got tile_m={self.tile_m}. Accepted: scheduler_barrier=True with tile_m=192, or "
+                    "scheduler_barrier=False"
+                )
         max_offset = fa4_max_offset(q_dtype)
         threshold = self.rescale_threshold
         if threshold is None:
@@ -395,8 +403,9 @@ class SoftmaxStage:
 
 def _check_three_warpgroups(stage: SoftmaxStage) -> None:
     """tile_m=192 (three consumer warpgroups at 160 registers a thread): without intra-warpgroup overlap, whose S,
-    second accumulator and O do not fit, at tile_n <= 160, and with FA4's hand-over (three warpgroups without
-    overlap take no scheduler barrier in FA4: Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py)."""
+    second accumulator and O do not fit, at tile_n <= 160, and arrive_after_pv only with the round-robin scheduler
+    barrier (three warpgroups without overlap take none in FA4: Note [Three consumer warpgroups],
+    stage/flash_fwd_sm90_fp8.py)."""
     if stage.intra_wg_overlap:
         raise ValueError(
             "tile_m=192 (three consumer warpgroups) needs intra_wg_overlap=False: with the overlap, S, the second "
@@ -409,10 +418,11 @@ def _check_three_warpgroups(stage: SoftmaxStage) -> None:
             "larger key tiles spill registers (Note [Three consumer warpgroups]); accepted: tile_m=192 with tile_n in "
             f"{FP8_TILE_M3_TILE_NS}, or tile_m=128"
         )
-    if stage.arrive_after_pv:
+    if stage.arrive_after_pv and not stage.scheduler_barrier:
         raise ValueError(
-            "arrive_after_pv=True moves the two-warpgroup scheduler hand-over; three warpgroups without overlap run "
-            "without one (Note [Three consumer warpgroups]); accepted with tile_m=192: arrive_after_pv=False"
+            "arrive_after_pv=True moves the scheduler hand-over; three warpgroups have one only with FA4's "
+            "round-robin (Note [Three consumer warpgroups]); accepted with tile_m=192: arrive_after_pv=True with "
+            "scheduler_barrier=True, or arrive_after_pv=False"
         )
 
 

@@ -12,10 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from aiter_fused.launch import LAUNCHES
-
 
 REPO = Path(__file__).resolve().parents[1]
 # FA4 stock's SM90 main loop: 474 instructions per warp and 128 x 128 tile, 7.4 per score (docs/fa4_notes.md).

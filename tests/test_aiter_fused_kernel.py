@@ -566,9 +566,9 @@ _SM90_COMPILE = textwrap.dedent(r"""
     instructions = {}
     for mode in ("fp8", "bf16"):
         constants = dict(GROUP=2, HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, EXACT=False, DOT_MODE=mode,
-                         OPERAND_FORMAT="e4m3", DOT_DTYPE=tl.bfloat16, RETURN_RECOVERIES=True, P_MANTISSA=3, P_MIN_EXPONENT=0,
-                         P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2, KV_TILE_OFFSETS=False,
-                         ROW_SUM_GEMM=False, EXP_FOLD=False, P_CONVERT="software")
+                         OPERAND_FORMAT="e4m3", DOT_DTYPE=tl.bfloat16, RETURN_RECOVERIES=True, P_MANTISSA=3,
+                         P_MIN_EXPONENT=0, P_MAX_NORMAL=7.5, P_MAX_MANTISSA_BITS=0x700000, P_MAX_EXPONENT=2,
+                         KV_TILE_OFFSETS=False, ROW_SUM_GEMM=False, EXP_FOLD=False, P_CONVERT="software")
         signature = {name: pointers.get(name, "constexpr" if name in constants else
                                         "fp32" if name in ("scale_log2", "recovery_threshold") else "i32")
                      for name in kernel.arg_names}

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from fa4_rowmax.config import STAGE_KNOBS
+from fa4_rowmax.fp8_sm90 import call_stage
 from fa4_rowmax.stage.softmax_base import off_mufu
 from fa4_rowmax.testing import compile_check
 from fa4_rowmax.testing.sass import count, split_instruction
@@ -67,7 +69,41 @@ CONFIGS = {
     "h15_sat_mma_m192_s4": dict(
         softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False, kv_stages=4
     ),
+    # FA4's round-robin scheduler barrier between the three (Note [Three consumer warpgroups]).
+    "h15_sat_mma_m192_sb": dict(
+        softmax_mode="rowmax_h15",
+        clamp="sat",
+        row_sum="mma",
+        tile_m=192,
+        intra_wg_overlap=False,
+        scheduler_barrier=True,
+    ),
+    "h15_sat_mma_m192_sb_arrive": dict(
+        softmax_mode="rowmax_h15",
+        clamp="sat",
+        row_sum="mma",
+        tile_m=192,
+        intra_wg_overlap=False,
+        scheduler_barrier=True,
+        arrive_after_pv=True,
+    ),
     "h15_sat_nooverlap": dict(softmax_mode="rowmax_h15", clamp="sat", intra_wg_overlap=False),
+    # The head-dim-128 defaults (Note [Tuned defaults]) not named above: the exact twin's causal one, and the
+    # non-causal ones at three warpgroups compiled non-causal, as the call runs them (first block and loop, two
+    # softmax sites, so the site-counting tests, which take three, do not select them by name).
+    "exact_mma_n256_nooverlap": dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False),
+    "noncausal_h15_sat_mma_m192_n160": dict(
+        causal=False,
+        softmax_mode="rowmax_h15",
+        clamp="sat",
+        row_sum="mma",
+        tile_m=192,
+        tile_n=160,
+        intra_wg_overlap=False,
+    ),
+    "noncausal_exact_mma_m192_n160": dict(
+        causal=False, softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False
+    ),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 # Twins that differ only in pv_accumulation.
@@ -243,3 +279,54 @@ def test_kv_stages_change_no_arithmetic(compiled):
     for op in ("QGMMA.64x128x32", "QGMMA.64x136x32", "FFMA.SAT", "PRMT", "FMNMX.NAN", CONSUMER_REGISTERS):
         assert count(ops, op) == count(two, op) > 0, (op, count(ops, op), count(two, op))
     assert abs(ops[MAIN_LOOP_LOCAL] - two[MAIN_LOOP_LOCAL]) <= 2, (ops[MAIN_LOOP_LOCAL], two[MAIN_LOOP_LOCAL])
+
+
+DEFAULTS_COMPILED = {  # (mode, causal) at head dim 128 -> the configuration above that the call compiles
+    ("rowmax_h15", True): "h15_sat_mma_n256_nooverlap",
+    ("rowmax_h15", False): "noncausal_h15_sat_mma_m192_n160",
+    ("exact", True): "exact_mma_n256_nooverlap",
+    ("exact", False): "noncausal_exact_mma_m192_n160",
+}
+# Local-memory accesses between the first and the last GMMA of today's compile of the three-warpgroup defaults: at
+# 160 registers a thread the MMA row sum's 8 accumulator columns push a few registers out around the P.V GEMM
+# (H15: 6 STL / 6 LDL in the loop, the exact twin 13 / 11; L1-resident, and measured fastest anyway:
+# bench/results/h200_2026-12-03_s12/). A bound, so that more spilling fails here; two warpgroups spill nothing.
+MAIN_LOOP_LOCAL_BOUND = {"noncausal_h15_sat_mma_m192_n160": 10, "noncausal_exact_mma_m192_n160": 24}
+
+
+@pytest.mark.parametrize("key", sorted(DEFAULTS_COMPILED))
+def test_the_head_dim_128_defaults_are_compiled_here(compiled, key):
+    """Every head-dim-128 default of Note [Tuned defaults] compiles in this file with the knobs the call resolves:
+    e4m3 wgmma at the tuned tile and PV N, the register split of its warpgroup count, and no more local-memory
+    traffic in the main loop than the bound."""
+    mode, causal = key
+    name = DEFAULTS_COMPILED[key]
+    kwargs, ops = compiled[name]
+    stage = call_stage(mode, 128, causal)
+    for knob in ("tile_m", "tile_n", "intra_wg_overlap", "row_sum", "clamp", "arrive_after_pv", "kv_stages"):
+        assert getattr(stage, knob) == kwargs.get(knob, STAGE_KNOBS[knob].default), knob
+    assert kwargs.get("causal", True) == causal and kwargs.get("pv_accumulation", "two_level") == "two_level"
+    assert count(ops, f"QGMMA.64x{stage.tile_n}x32") > 0 and count(ops, "QGMMA.64x136x32") > 0
+    assert ops[CONSUMER_REGISTERS] == {128: 240, 192: 160}[stage.tile_m]
+    assert ops[MAIN_LOOP_LOCAL] <= MAIN_LOOP_LOCAL_BOUND.get(name, 0), (name, ops[MAIN_LOOP_LOCAL])
+
+
+def test_the_round_robin_barrier_orders_the_three_warpgroups(compiled):
+    """Note [Three consumer warpgroups]: scheduler_barrier=True adds FA4's scheduler barrier to three warpgroups (a
+    sync before each P.V GEMM and the first block, an arrive after each S GEMM issue and after the loop: BAR.SYNC and
+    BAR.ARV that the kernel without it lacks) and changes nothing else: the same wgmma and per-element operations
+    at the same register split."""
+    _, ops = compiled["h15_sat_mma_m192_sb"]
+    _, free = compiled["h15_sat_mma_m192"]
+    assert count(ops, "BAR.SYNC") > count(free, "BAR.SYNC") and count(ops, "BAR.ARV") > count(free, "BAR.ARV")
+    for op in ("QGMMA.64x128x32", "QGMMA.64x136x32", "FFMA.SAT", "PRMT", "FMNMX.NAN", CONSUMER_REGISTERS):
+        assert count(ops, op) == count(free, op) > 0, (op, count(ops, op), count(free, op))
+
+
+def test_the_round_robin_hands_over_after_every_p_v_gemm_with_arrive_after_pv(compiled):
+    """Note [Scheduler window after the P.V GEMM] on three warpgroups: as with two, FA4's hand-over follows only the
+    last P.V GEMM, arrive_after_pv every one of the SITES, with the same barrier syncs."""
+    _, fa4 = compiled["h15_sat_mma_m192_sb"]
+    _, arrive = compiled["h15_sat_mma_m192_sb_arrive"]
+    assert (fa4[PV_THEN_ARRIVE], arrive[PV_THEN_ARRIVE]) == (1, SITES)
+    assert count(arrive, "BAR.SYNC") == count(fa4, "BAR.SYNC")

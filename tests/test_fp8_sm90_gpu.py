@@ -162,7 +162,16 @@ def _most_kv_stages(head_dim, tile_m, knobs):
     )
 
 
-@pytest.mark.parametrize("structure", ["tile_m=192", "tile_m=192, most kv_stages", "most kv_stages"])
+@pytest.mark.parametrize(
+    "structure",
+    [
+        "tile_m=192",
+        "tile_m=192, most kv_stages",
+        "most kv_stages",
+        "tile_m=192, scheduler barrier",
+        "tile_m=192, scheduler barrier, arrive after P.V",
+    ],
+)
 @pytest.mark.parametrize(
     "case",
     TILE_M_CASES,
@@ -171,8 +180,9 @@ def _most_kv_stages(head_dim, tile_m, knobs):
 @pytest.mark.gpu(arch="sm90")
 def test_three_warpgroups_and_kv_stages_are_bit_identical(case, structure):
     """Note [Three consumer warpgroups], Note [KV stages in shared memory]: a row's arithmetic depends neither on
-    tile_m nor on how many K/V tiles are in flight, so tile_m=192 and the most kv_stages that fit give the out and
-    LSE of tile_m=128 with two stages bit for bit, every other knob equal: off-grid seqlens, GQA 4 (packed at both),
+    tile_m, on the order the warpgroups take the tensor pipe in, nor on how many K/V tiles are in flight, so
+    tile_m=192 (with and without the round-robin scheduler barrier) and the most kv_stages that fit give the out
+    and LSE of tile_m=128 with two stages bit for bit, every other knob equal: off-grid seqlens, GQA 4 (packed at both),
     6 (packed at 192 only) and 7 (unpacked), causal rows that see no key, head dim 64, a NaN score in a row that
     sees keys and an e4m3-max key entry, output memory poisoned with NaN first. The most stages also show that
     `shared_memory_bytes` does not undercount: a block past the SM's shared memory does not launch."""
@@ -190,7 +200,12 @@ def test_three_warpgroups_and_kv_stages_are_bit_identical(case, structure):
     poison_allocator()
     out2, lse2 = flash_attn_fp8_sm90(q, k, v, tile_m=128, kv_stages=2, **common)
     poison_allocator()
-    out3, lse3 = flash_attn_fp8_sm90(q, k, v, tile_m=tile_m, kv_stages=kv_stages, **common)
+    barrier = {}
+    if "scheduler barrier" in structure:
+        barrier["scheduler_barrier"] = True
+    if "arrive after" in structure:
+        barrier["arrive_after_pv"] = True
+    out3, lse3 = flash_attn_fp8_sm90(q, k, v, tile_m=tile_m, kv_stages=kv_stages, **barrier, **common)
     assert torch.isnan(out2).any() and not torch.isnan(out2).all(), "the NaN score must reach some rows, not all"
     assert torch.equal(out3.view(torch.int16), out2.view(torch.int16)), f"out differs at {structure} ({kv_stages})"
     assert torch.equal(lse3.view(torch.int32), lse2.view(torch.int32)), f"LSE differs at {structure} ({kv_stages})"
@@ -347,7 +362,8 @@ def test_p_bytes_single_tile(mode, levers, scale_log2):
     assert checked.float().mean() > 0.95
     mismatch = (bytes_read != expected) & checked
     assert not mismatch.any(), (
-        f"{int(mismatch.sum())} P bytes differ, e.g. {bytes_read[mismatch][:8].tolist()} vs {expected[mismatch][:8].tolist()}"
+        f"{int(mismatch.sum())} P bytes differ, "
+        f"e.g. {bytes_read[mismatch][:8].tolist()} vs {expected[mismatch][:8].tolist()}"
     )
     row_sums = o.sum(-1)
     assert ((row_sums - 1).abs() <= 128 * 2.0**-9).all()
@@ -476,6 +492,7 @@ def test_bad_inputs_raise(change, match):
         (dict(tile_m=192, intra_wg_overlap=True), "tile_m=192 .* needs intra_wg_overlap=False"),
         (dict(tile_m=192, tile_n=192, intra_wg_overlap=False), r"tile_m=192 .* takes tile_n in \(128, 160\)"),
         (dict(kv_stages=6), r"kv_stages must be one of \(2, 3, 4, 5\)"),
+        (dict(tile_m=128, scheduler_barrier=True), "scheduler_barrier=True gives three consumer warpgroups"),
         (
             dict(tile_n=256, intra_wg_overlap=False, row_sum="mma", kv_stages=3),
             r"kv_stages=3 at tile_m=128, tile_n=256, head dim 128, row_sum='mma' needs 239,616 bytes .* "
@@ -505,6 +522,7 @@ def test_bad_arguments_raise(kwargs, match):
         (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be .*a real number"),
         (dict(exp2_deleted="yes"), TypeError, "exp2_deleted must be a bool"),
         (dict(arrive_after_pv=1), TypeError, "arrive_after_pv must be a bool"),
+        (dict(scheduler_barrier="yes"), TypeError, "scheduler_barrier must be a bool"),
         (dict(tile_n=128.0), TypeError, r"tile_n must be an int, one of \(128, 160, 192, 224, 256\)"),
         (dict(rescale_threshold=True), TypeError, "rescale_threshold must be None"),
         (dict(rescale_threshold=10**400), ValueError, "rescale_threshold must be None .* >= 0"),

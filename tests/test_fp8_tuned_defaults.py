@@ -7,8 +7,7 @@ between knobs kept)."""
 import pytest
 import torch
 
-from fa4_rowmax.config import STAGE_KNOBS
-from fa4_rowmax.config import FP8_TILE_MS
+from fa4_rowmax.config import FP8_TILE_MS, STAGE_KNOBS
 from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, TUNED_TILE_M, call_stage, check_shared_memory
 
 
@@ -42,14 +41,26 @@ def test_a_knob_the_caller_passes_wins():
     "knobs", [dict(tile_n=256), dict(tile_n=192), dict(intra_wg_overlap=True), dict(arrive_after_pv=True)]
 )
 def test_a_knob_that_excludes_three_warpgroups_selects_two(knobs):
-    """Where three warpgroups are the fastest, a caller's knob that tile_m=192 refuses (interface._check_three_warpgroups)
-    gets the two-warpgroup entry for the rest, not a refusal of a tile_m it never asked for."""
+    """Where three warpgroups are the fastest, a caller's knob that tile_m=192 refuses
+    (interface._check_three_warpgroups) gets the two-warpgroup entry for the rest, not a refusal of a tile_m it
+    never asked for."""
     key = ("rowmax_h15", 128, False)
     assert TUNED_TILE_M[key] == 192
     stage = call_stage(*key, **knobs)
     assert stage.tile_m == 128
     for knob, value in TUNED_DEFAULTS[key][128].items():
         assert getattr(stage, knob) == knobs.get(knob, value), knob
+    stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
+
+
+def test_the_round_robin_barrier_selects_three_warpgroups():
+    """scheduler_barrier=True is a three-warpgroup knob: where two are the default it brings the tile_m=192 entry."""
+    key = ("rowmax_h15", 128, True)
+    assert TUNED_TILE_M[key] == 128
+    stage = call_stage(*key, scheduler_barrier=True)
+    assert (stage.tile_m, stage.scheduler_barrier) == (192, True)
+    for knob, value in TUNED_DEFAULTS[key][192].items():
+        assert getattr(stage, knob) == value, knob
     stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
 
 

@@ -673,7 +673,10 @@ def test_fp32_arithmetic_is_correctly_rounded(rounding):
 
 def test_exact_zero_signs_and_specials():
     one, zero = np.float32(1.0), np.float32(0.0)
-    add = lambda rnd: _asm(f"add.{rnd}.f32 t, $1, $2;\n\tmov.b32 $0, t;")
+
+    def add(rnd):
+        return _asm(f"add.{rnd}.f32 t, $1, $2;\n\tmov.b32 $0, t;")
+
     assert _bits(run(add("rn"), "=f,f,f", one, -one)[0]) == 0
     assert _bits(run(add("rm"), "=f,f,f", one, -one)[0]) == 0x80000000
     assert _bits(run(add("rm"), "=f,f,f", zero, zero)[0]) == 0
@@ -702,7 +705,10 @@ def test_max_min_nan_rules_and_signed_zeros():
     nan, inf = np.float32(np.nan), np.float32(np.inf)
     a = np.float32([nan, 1.0, nan, 0.0, -0.0, -inf])
     b = np.float32([2.0, nan, nan, -0.0, -0.0, 3.0])
-    mx = lambda mods: run(_asm(f"max{mods}.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", a, b)[0]
+
+    def mx(mods):
+        return run(_asm(f"max{mods}.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", a, b)[0]
+
     mn = run(_asm("min.f32 t, $1, $2;\n\tmov.b32 $0, t;"), "=f,f,f", a, b)[0]
     assert (
         _bits(mx("")).tolist()

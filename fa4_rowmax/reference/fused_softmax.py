@@ -28,11 +28,11 @@ fraction, linearly, in the 7 mantissa bits: ``2**floor(y) * (1 + frac(y))``, the
 ``2**frac``, so never below ``2**y`` and at most 6.15% above (at a fraction of ``1/ln 2 - 1``), before
 the rounding to 7 mantissa bits (at most 2**-8 relative). This is the linear map a GEMM epilogue
 applies, one fused multiply-add per score. We round it once, to nearest even:
-``bits = round_half_even(y * 128 + 16256)``, computed as ``(y * 128 + C) - (C - 16256)`` with ``C = 1.5 * 2**23 + 16256``: ``y * 128`` is exact, the one
-addition rounds to an integer (fp32's ulp is 1 in ``[2**23, 2**24)``) and the subtraction is exact,
-so torch and Triton produce the same bits from the same ``y``. ``y < -127`` gives 0 (``y`` in
-``[-127, -126)`` gives BF16 subnormals, the linear continuation); ``y`` must stay below 128
-(``recovery_threshold`` guarantees it); NaN stays NaN.
+``bits = round_half_even(y * 128 + 16256)``, computed as ``(y * 128 + C) - (C - 16256)`` with
+``C = 1.5 * 2**23 + 16256``: ``y * 128`` is exact, the one addition rounds to an integer (fp32's ulp is 1 in
+``[2**23, 2**24)``) and the subtraction is exact, so torch and Triton produce the same bits from the same
+``y``. ``y < -127`` gives 0 (``y`` in ``[-127, -126)`` gives BF16 subnormals, the linear continuation); ``y``
+must stay below 128 (``recovery_threshold`` guarantees it); NaN stays NaN.
 
 Note [Two-stage P and the row sum]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -65,11 +65,20 @@ outlasts the other's two GEMMs (on the H200, Nsight Compute at 8K keys: ~1,600 c
 ~0.33 instructions a cycle beside ~1,060 tensor cycles of the other warpgroup), so the tensor pipe idles ~40 % of
 the time. tile_m=192 runs three consumer warpgroups (64 rows each; FA4's register split gives 160 registers a
 thread), so two other warpgroups' GEMMs run under each softmax. At 160 registers only tile_n <= 160 fits beside O
-and the fresh accumulator, and intra-warpgroup overlap does not fit at all (the host refuses both). FA4 runs three
-warpgroups without overlap with no scheduler barrier (`use_scheduler_barrier`): the warpgroups issue their GEMMs
-as they are ready, so there is no hand-over to move (`arrive_after_pv` is refused). Values do not depend on
-tile_m: a row's arithmetic is its warpgroup's, whichever Q tile holds it (tests check tile_m 192 against 128 bit
-for bit).
+and the fresh accumulator (with the MMA row sum's 8 columns a few registers spill around the P.V GEMM, bounded in
+tests/test_compile_sm90_fp8.py), and intra-warpgroup overlap does not fit at all (the host refuses both); where
+three warpgroups are the default is Note [Tuned defaults] (fp8_sm90.py). FA4 runs three warpgroups without overlap
+with no scheduler barrier (`use_scheduler_barrier`): the warpgroups issue their GEMMs as they are ready. Nothing
+then keeps them apart: they wait on the same K and V stages, so they can fall into step, issuing their GEMMs
+together and running their softmaxes together while the tensor pipe idles (a reading of their speed on the H200, not
+yet profiled: docs/fp8_sm90.md, Levers). `scheduler_barrier=True` takes FA4's round-robin instead (the one its
+overlapped three-warpgroup step uses): a warpgroup issues its P.V GEMM and its next S GEMM between its sync and its
+arrive, and the arrive wakes the next warpgroup, so the three take the tensor pipe in turn and each one's softmax
+runs under the other two's GEMMs. Its hand-over is FA4's, after the next S GEMM's issue, so a warpgroup holds the
+tensor pipe through its P.V GEMM's wait and its promotion; with `arrive_after_pv` (Note [Scheduler window after the
+P.V GEMM]) it hands over as soon as its P.V GEMM is done, the same count of arrives, each earlier.
+Values do not depend on tile_m: a row's arithmetic is its warpgroup's, whichever Q tile holds it (tests check tile_m
+192 against 128 bit for bit).
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -182,6 +191,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # Note [Scheduler window after the P.V GEMM]: the last block of every work tile is block 0 (no local
         # window, no KV split: is_local=False above, and FA4's SM90 forward does not split here).
         self.arrive_after_pv = stage.arrive_after_pv
+        self.round_robin = stage.scheduler_barrier
+        assert not (self.round_robin and (tile_m != 192 or stage.intra_wg_overlap)), (
+            "scheduler_barrier needs tile_m=192"
+        )
         assert not (self.arrive_after_pv and stage.intra_wg_overlap), "arrive_after_pv needs intra_wg_overlap=False"
         # FA4 pads head_dim_v to a multiple of 16; wgmma N only needs a multiple of 8, and V^T and O hold
         # exactly head_dim_v columns, so no head-dim predication either.
@@ -238,6 +251,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # Without intra-warpgroup overlap two-level promotes at once (`mma_one_n_block`). Set here, after FA4's
         # __call__ chose it and before mma() reads it.
         self.rescale_O_before_gemm = self.two_level and self.intra_wg_overlap
+        # Note [Three consumer warpgroups]: FA4 chose no scheduler barrier for three warpgroups without overlap; its
+        # round-robin (warp_scheduler_barrier_arrive's next_wg, mma_init's kick-off of warpgroup 1) on request.
+        if const_expr(self.round_robin):
+            self.use_scheduler_barrier = True
         # Note [V^T in shared memory]: V's K-major layout, set before FA4 builds the storage and V's TMA atom.
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages

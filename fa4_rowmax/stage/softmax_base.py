@@ -108,7 +108,8 @@ class InlineAsm(NamedTuple):
 
 
 def ptx_fragment(builder):
-    """Mark a pure builder of one inline-PTX fragment; the tests find it by this mark (Note [PTX fragments are data])."""
+    """Mark a pure builder of one inline-PTX fragment; the tests find it by this mark (Note [PTX fragments are
+    data])."""
     return builder
 
 

@@ -132,14 +132,16 @@ def h15_fp8_lattice_asm() -> InlineAsm:
 
 @dsl_user_op
 def h15_fp8_lattice(s: Float32, scale_log2: Float32, addend: Float32, *, loc=None, ip=None) -> Float32:
-    """r = max(s * scale_log2 + addend, 0) + 1.5 * 2^22: bits(r)'s low byte is L (Note [H15 e4m3 bytes by integer ops])."""
+    """r = max(s * scale_log2 + addend, 0) + 1.5 * 2^22: bits(r)'s low byte is L (Note [H15 e4m3 bytes by integer
+    ops])."""
     args = [Float32(a) for a in (s, scale_log2, addend)]
     return Float32(_asm(h15_fp8_lattice_asm(), T.f32(), *args, loc=loc, ip=ip))
 
 
 @ptx_fragment
 def h15_fp8_sat_lattice_asm() -> InlineAsm:
-    """r = 32 sat($1 * $2 + $3) + 1.5 * 2^23 with $2 = scale_log2 / 16, $3 = addend / 16 (Note [Clamp by saturation])."""
+    """r = 32 sat($1 * $2 + $3) + 1.5 * 2^23 with $2 = scale_log2 / 16, $3 = addend / 16 (Note [Clamp by
+    saturation])."""
     return InlineAsm(
         "{\n\t.reg .f32 u;\n\t"
         "fma.rn.sat.f32 u, $1, $2, $3;\n\t"
@@ -150,7 +152,8 @@ def h15_fp8_sat_lattice_asm() -> InlineAsm:
 
 @dsl_user_op
 def h15_fp8_sat_lattice(s: Float32, scale_log2_16: Float32, addend_16: Float32, *, loc=None, ip=None) -> Float32:
-    """`h15_fp8_lattice`'s L by two FFMA; the caller passes scale_log2 / 16 and addend / 16 (Note [Clamp by saturation])."""
+    """`h15_fp8_lattice`'s L by two FFMA; the caller passes scale_log2 / 16 and addend / 16 (Note [Clamp by
+    saturation])."""
     args = [Float32(a) for a in (s, scale_log2_16, addend_16)]
     return Float32(_asm(h15_fp8_sat_lattice_asm(), T.f32(), *args, loc=loc, ip=ip))
 
@@ -227,7 +230,8 @@ def pack_h15_bytes_asm() -> InlineAsm:
 
 @dsl_user_op
 def pack_h15_bytes(r0: Float32, r1: Float32, r2: Float32, r3: Float32, *, loc=None, ip=None) -> Int32:
-    """e4m3 bytes 4L from four lattice points (r0 in the low byte): 3 PRMT + 1 SHL (Note [H15 e4m3 bytes by integer ops])."""
+    """e4m3 bytes 4L from four lattice points (r0 in the low byte): 3 PRMT + 1 SHL (Note [H15 e4m3 bytes by integer
+    ops])."""
     args = [Float32(a) for a in (r0, r1, r2, r3)]
     return Int32(_asm(pack_h15_bytes_asm(), T.i32(), *args, loc=loc, ip=ip))
 

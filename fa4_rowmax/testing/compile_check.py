@@ -298,24 +298,27 @@ def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: flo
     return {"config": config, "ok": True, **result}
 
 
-# The SM90 FP8 forward's compile configuration: causal, head dim 128, 256 keys (so FA4's three softmax sites are
-# unrolled), batch 2, 4 heads; the kernel's knobs come as JSON in argv[1].
+# The SM90 FP8 forward's compile configuration: causal unless the knobs say causal=False, head dim 128, 256 keys
+# (so FA4's three softmax sites are unrolled when causal), batch 2, 4 heads; the kernel's knobs come as JSON in
+# argv[1].
 _FP8_SM90_WORKER = r"""
 import json, sys
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 kw = json.loads(sys.argv[1])
+causal = kw.pop("causal", True)
 with FakeTensorMode():
     q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
     k = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
-    flash_attn_fp8_sm90(q, k, k, causal=True, **kw)
+    flash_attn_fp8_sm90(q, k, k, causal=causal, **kw)
 """
 
 
 def compile_fp8_sm90(kwargs: dict, dump: Path, fa4_site: Path, timeout: float = 600) -> Path:
-    """The cubin of the SM90 FP8 forward with `kwargs` (`flash_attn_fp8_sm90`'s knobs), compiled for sm_90a in a
-    subprocess against `fa4_site` (a patched copy from `prepare_fa4_copies`) and kept under the new folder `dump`."""
+    """The cubin of the SM90 FP8 forward with `kwargs` (`flash_attn_fp8_sm90`'s knobs and `causal`), compiled for
+    sm_90a in a subprocess against `fa4_site` (a patched copy from `prepare_fa4_copies`) and kept under the new
+    folder `dump`."""
     dump.mkdir()
     env = dict(
         os.environ,
