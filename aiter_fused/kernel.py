@@ -67,47 +67,30 @@ stays ~6e-5 and the 99th percentile below ~2e-3: ``scripts/aiter_fused_numerics.
 
 Note [Where the time goes on Hopper]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-H200 bench of 2026-11-30 (``bench/results/h200_2026-11-30/full``; batch * seqlen = 32K, 16 heads,
-head_dim 128, BF16, seqlen 8K): default "fp8" mode 37.2 ms causal / 59.1 ms non-causal; the ``exact=True``
-twin 5.18 / 8.75 ms; FA4 1.60 / 3.01 ms. The MX quantization of Q/K/V (``quantize.py``) is ~3 % of a call
-(0.39 of 15.1 ms at batch 1, 8K, non-causal: numerics run): the fused kernel itself is ~7x its twin. By dot
-mode at mxfp8 (``h200_2026-11-30/aiter_dot_modes``, 8K causal): "fp8" 0.048x FA4, "bf16" 0.071x, "scaled" (Triton's
-emulated ``tl.dot_scaled``, which upcasts to BF16 inside its own layout) 0.104x, so the FP8 tensor cores
-buy nothing here: the CUDA-core work around them decides.
+On Hopper the CUDA-core work around the dots decides, not the tensor cores: at the launch table's sm90 entry
+(H200, 32K tokens, 16 heads, head dim 128, BF16, 8K and 16K, ``docs/aiter_h200.md``, Measured) the exact twin runs
+0.68-0.71x FA4 stock, and the MX modes 0.08x ("fp8") and 0.15x ("bf16", "scaled"). The MX quantization of Q/K/V
+(``quantize.py``) is a few percent of a call.
 
-Kernel, estimated per score element (one query row x one key), in CUDA-core lane instructions (an FMA
-counts one), read off the source for head_dim 128, BLOCK_N 128, not off SASS:
-- exact twin: scale and mask 2-3, row max 1, exp2 argument 1 plus one MUFU.EX2, row sum 1, BF16
-  convert 0.5, O rescale (head_dim / BLOCK_N) 1: ~8 and one MUFU.
-- "fp8": QK^T block scales, a factor product and an FMA per 32-wide head-dim chunk: 8; K and V scale
-  byte decodes (~8 ops per key and chunk, per V block and lane, repeated for the rows a thread holds):
-  ~2-4; scale and mask 3; tile max 1; Schraudolph bits ~12 (clamps, FMA, convert, NaN and -inf
-  selects); MX quantization of P ~15 (block max, ``_round_to_element``'s NaN-keeping clamps, two
-  bit-built powers of two, the magic add/sub); row sum 1; e4m3 convert 0.5; P@V block scales, a factor
-  product and an FMA per output element per 32 keys: 8. About 50-55, ~6.5x the twin's, close to the
-  ~7x kernel-time ratio above: the fused kernel looks bound by its CUDA-core issue, like the twin.
-  On top, 20 small wgmma per 128-key tile (16 m64n32k32 for QK^T, 4 for P@V), each waited for before
-  its scale can be applied, so tensor-core and CUDA-core work do not overlap.
-Unmeasured levers, in order of the estimate: BF16 operands dequantized once per call (exact; plain
-BF16 dots, no scale FMAs or decodes, fp32 sums, so also no Note [FP8 accumulation]) would leave
-~30-35; for MXFP8 P, the hardware e4m3 conversion (round to nearest even, subnormals; P never
-saturates) does ``_round_to_element``'s work in one instruction (Triton's interpreter converts
-differently, so only a GPU test can hold it to ``mx.py``); tile and warp tuning (the twin is 3.2x
-slower than FA4).
-
-Read off the sm_90a SASS instead (``python -m aiter_fused.compile_sm90``, which compiles with the values a call
-passes; ``docs/aiter_h200.md``), the main loop of that launch (BLOCK_M 64, 4 warps, tile 128, 3 stages: 64
-scores per thread and tile) cost 16.9 (non-causal) / 19.0 (causal) instructions per score element in the exact
-twin, with 64-72 bytes of spills, against FA4 stock's 7.4; "bf16" 85, "scaled" 73-75, "fp8" 136-140 (0.9-1 KB
-of spills). The twin's excess was the mask (selects and compares on every tile), the scale as its own multiply
-and select before the exp2, and 64-bit address arithmetic per load; on top, 208 KB of shared memory and 255
-registers left one 4-warp program per SM: one warp per scheduler, nothing to hide latency with and no
-second warpgroup to run its softmax while the tensor cores work. Note [Unmasked and masked KV loops], Note
-[Exact twin: scale folded into exp2], Note [KV addresses] and the launch table's sm90 entry (BLOCK_M 128 over
-8 warps, two warpgroups of 64 rows) take the twin to 8.3 / 8.6 with no spills, the MX modes to 64-66
-("bf16", 104-144 bytes of spills), 53 ("scaled", 8-64) and 120 ("fp8", 200-232). Measured on the H200 the
-twin's per-element-address form (9.3 / 9.4) ran faster than the tile-offset one, so the table's sm90 entry
-leaves ``kv_tile_offsets`` off (Note [Launch table] in ``launch.py``).
+Per score element, read off the sm_90a SASS of that launch (``python -m aiter_fused.compile_sm90``, which compiles
+with the values a call passes; BLOCK_M 128 over 8 warps, two warpgroups of 64 rows, tile 128): the exact twin's
+main loop issues 8.3 (non-causal) / 8.6 (causal) instructions with no spills, against FA4 stock's 7.4, after Note
+[Unmasked and masked KV loops], Note [Exact twin: scale folded into exp2] and Note [KV addresses]; the MX modes
+64-66 ("bf16", 104-144 bytes of spills), 53 ("scaled", 8-64) and 120 ("fp8", 200-232). The twin's speed sits where
+a second warp per scheduler doubles the softmax's issue rate without the softmax running under the GEMMs (the
+``cp.async`` buffers' CTA-wide barriers keep the two warpgroups in step). Where the "fp8" mode's instructions go,
+estimated from the source for head dim 128 and tile 128 in CUDA-core lane instructions per score: QK^T block
+scales, a factor product and an FMA per 32-wide head-dim chunk, 8; K and V scale-byte decodes, 2-4; scale and
+mask 3; tile max 1; Schraudolph bits ~12 (clamps, FMA, convert, NaN and -inf selects); the MX quantization of P
+~15 (block max, ``_round_to_element``'s NaN-keeping clamps, two bit-built powers of two, the magic add/sub); row
+sum 1; e4m3 convert 0.5; P@V block scales 8. On top, 20 small wgmma per 128-key tile (16 m64n32k32 for QK^T, 4
+for P@V), each waited for before its scale applies, so tensor-core and CUDA-core work do not overlap.
+Unmeasured levers: BF16 operands dequantized once per call (exact; plain BF16 dots with fp32 sums, so no block
+scales, decodes or Note [FP8 accumulation]); for MXFP8 P, the hardware e4m3 conversion (round to nearest even,
+subnormals; P never saturates) doing ``_round_to_element``'s work in one instruction (Triton's interpreter converts
+differently, so only a GPU test can hold it to ``mx.py``); warp specialization with TMA (``docs/aiter_h200.md``,
+Not done). The twin's per-element-address form ran faster on the H200 than the tile-offset one, so the table's
+sm90 entry leaves ``kv_tile_offsets`` off (Note [Launch table] in ``launch.py``).
 
 Note [Kernel rounding vs the reference]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
