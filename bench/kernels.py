@@ -206,6 +206,21 @@ FP8_ROUND_ROBIN = {
     for name in ("fa4_fp8_h15_sat_mma_m192_n128", "fa4_fp8_h15_sat_mma_m192_n160", "fa4_fp8_exact_mma_m192_n160")
     for suffix, extra in (("_sb", {}), ("_sb_arrive", {"arrive_after_pv": True}))
 }
+# The exact twin's exp2-emulation share (Note [beta on the FP8 exact twin]) at its tuned configurations: three
+# warpgroups at tile 160 (head dim 128 non-causal) and 128 (head dim 64), two at tile 256 (head dim 128 causal);
+# opt-in rows (`--kernels 'fa4_fp8_exact_mma_*_b*'`).
+FP8_EXACT_DEFAULT_BETAS = {
+    f"{name}_b{beta:g}": {**knobs, "beta": beta}
+    for name, knobs in (
+        ("fa4_fp8_exact_mma_m192_n160", FP8_TILE_M3["fa4_fp8_exact_mma_m192_n160"]),
+        ("fa4_fp8_exact_mma_m192_n128", FP8_TILE_M3["fa4_fp8_exact_mma_m192_n128"]),
+        (
+            "fa4_fp8_exact_mma_n256_nooverlap",
+            {"softmax_mode": "exact", "row_sum": "mma", "tile_n": 256, "intra_wg_overlap": False},
+        ),
+    )
+    for beta in FP8_EXACT_BETAS
+}
 # More K/V stages in flight (Note [KV stages in shared memory], fa4_rowmax/fp8_sm90.py), opt-in rows
 # (`--kernels '*_s[345]'`): three warpgroups at the stages their shared memory allows, and tile 192 at tile_m 128,
 # the largest key tile that takes a third stage.
@@ -965,6 +980,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += list(FP8_TILE_M3.items())
     variants += list(FP8_KV_STAGE_ROWS.items())
     variants += list(FP8_ROUND_ROBIN.items())
+    variants += list(FP8_EXACT_DEFAULT_BETAS.items())
     variants += [
         (f"{name}_arrive", {**knobs, "arrive_after_pv": True})
         for name, knobs in FP8_CANDIDATES.items()

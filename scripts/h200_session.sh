@@ -13,6 +13,8 @@
 #   bash scripts/h200_session.sh roundrobin OUT   # three warpgroups under FA4's round-robin scheduler barrier, with its
 #                                                 # hand-over and right after the P.V GEMM: GPU tests, then the rows
 #                                                 # beside the defaults, 8K-32K (~7 minutes)
+#   bash scripts/h200_session.sh exactbeta OUT    # the exact twin's exp2-emulation share at its tuned configurations,
+#                                                 # 8K-32K (~4 minutes)
 #   bash scripts/h200_session.sh kvstages OUT     # the GPU tests of tile_m and kv_stages, then the kv_stages rows
 #                                                 # beside the defaults and tile_m=192 at two stages, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
@@ -108,6 +110,12 @@ case "$STEP" in
       'fa4_fp8_*mma_m192_n???_sb' 'fa4_fp8_*mma_m192_n???_sb_arrive' fa4_fp8_exact_noexp_mma_m192_n128 \
       > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/bench.log" ;;
+  exactbeta)
+    # issue 22 goal: the exact twin >= 1.0x FA3-FP8; beta moves a share of its exponentials off the MUFU
+    python3 -m bench --fp8 --seqlens 8K 16K 32K --rounds 5 --max-minutes 4 --out "$OUT" --name h200_fp8_exact_beta \
+      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_exact_mma_m192_n160 fa4_fp8_exact_mma_m192_n128 \
+      fa4_fp8_exact_mma_n256_nooverlap 'fa4_fp8_exact_mma_*_b*' > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/bench.log" ;;
   ncu192)
     # issue 22: why three consumer warpgroups gained 2 % where the chain model predicted 10-30 %
     # (bench/results/h200_2026-12-03_s12/README.md); the report itself is too large to come back, its pages do
@@ -202,7 +210,7 @@ case "$STEP" in
   qwen15fp8long)
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
-  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
+  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
 esac
