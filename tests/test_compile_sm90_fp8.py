@@ -101,6 +101,16 @@ CONFIGS = {
         tile_n=160,
         intra_wg_overlap=False,
     ),
+    "noncausal_h15_sat_mma_m192_n160_single": dict(
+        causal=False,
+        softmax_mode="rowmax_h15",
+        clamp="sat",
+        row_sum="mma",
+        tile_m=192,
+        tile_n=160,
+        intra_wg_overlap=False,
+        pv_accumulation="single",
+    ),
     "noncausal_exact_mma_m192_n160": dict(
         causal=False, softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False
     ),
@@ -330,3 +340,15 @@ def test_the_round_robin_hands_over_after_every_p_v_gemm_with_arrive_after_pv(co
     _, arrive = compiled["h15_sat_mma_m192_sb_arrive"]
     assert (fa4[PV_THEN_ARRIVE], arrive[PV_THEN_ARRIVE]) == (1, SITES)
     assert count(arrive, "BAR.SYNC") == count(fa4, "BAR.SYNC")
+
+
+def test_the_three_warpgroup_default_promotes_by_one_ffma_per_o_element(compiled):
+    """Note [Two-level P.V accumulation] in the non-causal default at three warpgroups: against its single-level twin,
+    one promoting FFMA per O element at each of the two softmax sites (first block, loop) and the loop's rescale
+    FMUL gone (the first block has none to remove), the same wgmma."""
+    kwargs, ops = compiled["noncausal_h15_sat_mma_m192_n160"]
+    _, single = compiled["noncausal_h15_sat_mma_m192_n160_single"]
+    sites, o = 2, _o_per_thread(kwargs)
+    assert count(ops, "FFMA") - count(single, "FFMA") == sites * o
+    assert count(single, "FMUL") - count(ops, "FMUL") == (sites - 1) * o
+    assert count(ops, "QGMMA") == count(single, "QGMMA")
