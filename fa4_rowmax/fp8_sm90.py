@@ -95,7 +95,8 @@ class KernelConfig:
 #   0.5 % and two warpgroups at tile 256 without overlap stay.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster. A call whose own knobs exclude three
 # warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup entry; a call
-# that passes tile_m gets that tile_m's entry, and one that passes scheduler_barrier=True the three-warpgroup one.
+# that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the three-warpgroup one, and
+# one that passes kv_stages the faster entry whose shared memory holds them.
 # Both keep FA4's scheduler hand-over (`arrive_after_pv` pays only where the softmax fits beside one GEMM: Note
 # [Scheduler window after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level
 # accumulation (a single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor
@@ -146,9 +147,26 @@ def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> d
         tile_m = stage.tile_m
     elif "scheduler_barrier" in explicit and stage.scheduler_barrier:  # a three-warpgroup knob
         tile_m = 192
+    elif not _admits_three_warpgroups(stage, explicit):
+        tile_m = 128
     else:
-        tile_m = TUNED_TILE_M[key] if _admits_three_warpgroups(stage, explicit) else 128
+        faster = TUNED_TILE_M[key]
+        tile_m = faster
+        if "kv_stages" in explicit and not _fits(stage, head_dim, faster, explicit, key):
+            other = 128 if faster == 192 else 192
+            tile_m = other if _fits(stage, head_dim, other, explicit, key) else faster
     return {k: v for k, v in {"tile_m": tile_m, **TUNED_DEFAULTS[key][tile_m]}.items() if k not in explicit}
+
+
+def _fits(stage: SoftmaxStage, head_dim: int, tile_m: int, explicit, key) -> bool:
+    """Whether the caller's kv_stages fit beside the tile_m entry of Note [Tuned defaults] (the caller's own tile_n
+    and row_sum kept)."""
+    entry = {"tile_n": stage.tile_n, "row_sum": stage.row_sum, **TUNED_DEFAULTS[key][tile_m]}
+    for knob in ("tile_n", "row_sum"):
+        if knob in explicit:
+            entry[knob] = getattr(stage, knob)
+    need = shared_memory_bytes(head_dim, tile_m, entry["tile_n"], stage.kv_stages, entry["row_sum"])
+    return need <= SMEM_PER_BLOCK
 
 
 def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> SoftmaxStage:

@@ -102,7 +102,7 @@ case "$STEP" in
     tail -3 "$OUT/bench.log" ;;
   roundrobin)
     # issue 22: do three consumer warpgroups fall into step without a scheduler barrier (Note [Three consumer warpgroups])?
-    timeout 200 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "three_warpgroups_and_kv_stages and scheduler" \
+    timeout 300 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "three_warpgroups_and_kv_stages" \
       > "$OUT/pytest_round_robin.log" 2>&1; tail -2 "$OUT/pytest_round_robin.log"
     python3 -m bench --fp8 --seqlens 8K 16K 32K --rounds 5 --max-minutes 5 --out "$OUT" --name h200_fp8_round_robin \
       --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_h15_sat_mma_n256_nooverlap \

@@ -313,7 +313,17 @@ def test_the_head_dim_128_defaults_are_compiled_here(compiled, key):
     name = DEFAULTS_COMPILED[key]
     kwargs, ops = compiled[name]
     stage = call_stage(mode, 128, causal)
-    for knob in ("tile_m", "tile_n", "intra_wg_overlap", "row_sum", "clamp", "arrive_after_pv", "kv_stages"):
+    knobs = (
+        "tile_m",
+        "tile_n",
+        "intra_wg_overlap",
+        "row_sum",
+        "clamp",
+        "arrive_after_pv",
+        "kv_stages",
+        "scheduler_barrier",
+    )
+    for knob in knobs:
         assert getattr(stage, knob) == kwargs.get(knob, STAGE_KNOBS[knob].default), knob
     assert kwargs.get("causal", True) == causal and kwargs.get("pv_accumulation", "two_level") == "two_level"
     assert count(ops, f"QGMMA.64x{stage.tile_n}x32") > 0 and count(ops, "QGMMA.64x136x32") > 0

@@ -196,7 +196,10 @@ def test_three_warpgroups_and_kv_stages_are_bit_identical(case, structure):
     q, k, v = _inputs(hash((str(case), structure)) % 2**31, *SHAPES[shape_index])
     q[0, -5, 0, 3] = math.nan  # the last rows see keys under either causal alignment
     k[-1, 17, -1, 9] = 448.0
-    common = dict(causal=causal, softmax_mode=mode, intra_wg_overlap=False, **knobs)
+    # Every structural knob named, so Note [Tuned defaults], whose entries differ between tile_m 128 and 192, moves
+    # nothing between the two calls.
+    structural = dict(row_sum="fadd", **({"clamp": "max"} if mode == "rowmax_h15" else {}))
+    common = dict(causal=causal, softmax_mode=mode, intra_wg_overlap=False, **{**structural, **knobs})
     poison_allocator()
     out2, lse2 = flash_attn_fp8_sm90(q, k, v, tile_m=128, kv_stages=2, **common)
     poison_allocator()

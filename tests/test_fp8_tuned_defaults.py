@@ -64,6 +64,23 @@ def test_the_round_robin_barrier_selects_three_warpgroups():
     stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
 
 
+def test_kv_stages_passed_take_the_faster_entry_they_fit_in():
+    """Note [KV stages in shared memory]: three stages do not fit beside two warpgroups' tile 256 (head dim 128
+    causal's faster entry) but do beside three warpgroups' tile 160, so the call gets that, not a refusal naming a
+    tile_n it never passed; where no entry holds them (five), the faster entry stays and the refusal names it."""
+    stage = call_stage("rowmax_h15", 128, True, kv_stages=3)
+    assert (stage.tile_m, stage.tile_n, stage.kv_stages) == (192, 160, 3)
+    check_shared_memory(stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn), 128)
+    stage = call_stage("rowmax_h15", 128, False, kv_stages=4)
+    assert (stage.tile_m, stage.tile_n) == (192, 160)
+    stage = call_stage("exact", 128, False, kv_stages=5)
+    assert (stage.tile_m, stage.tile_n) == (192, 160)
+    with pytest.raises(ValueError, match=r"kv_stages=5 at tile_m=192, tile_n=160, .* kv_stages in \(2, 3, 4\)"):
+        check_shared_memory(stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn), 128)
+    stage = call_stage("exact", 128, False, kv_stages=5, tile_n=128)  # the caller's own tile fits five
+    check_shared_memory(stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn), 128)
+
+
 def test_tile_m_passed_with_an_excluding_knob_is_refused_by_name():
     stage = call_stage("rowmax_h15", 128, False, tile_m=192, tile_n=256)
     with pytest.raises(ValueError, match=r"tile_m=192 \(three consumer warpgroups\) takes tile_n in \(128, 160\)"):
