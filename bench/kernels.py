@@ -206,6 +206,15 @@ FP8_ROUND_ROBIN = {
     for name in ("fa4_fp8_h15_sat_mma_m192_n128", "fa4_fp8_h15_sat_mma_m192_n160", "fa4_fp8_exact_mma_m192_n160")
     for suffix, extra in (("_sb", {}), ("_sb_arrive", {"arrive_after_pv": True}))
 }
+# The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
+FP8_PROBE_M192 = {
+    "softmax_mode": "exact",
+    "exp2_deleted": True,
+    "row_sum": "mma",
+    "tile_m": 192,
+    "tile_n": 128,
+    "intra_wg_overlap": False,
+}
 # The exact twin's exp2-emulation share (Note [beta on the FP8 exact twin]) at its tuned configurations: three
 # warpgroups at tile 160 (head dim 128 non-causal) and 128 (head dim 64), two at tile 256 (head dim 128 causal);
 # opt-in rows (`--kernels 'fa4_fp8_exact_mma_*_b*'`).
@@ -1024,53 +1033,14 @@ def _fp8_specs() -> list[KernelSpec]:
             "fa4_fp8_exact_noexp_mma_n256_nooverlap",
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "tile_n": 256, "intra_wg_overlap": False},
         ),
-        (
-            "fa4_fp8_exact_noexp_mma_m192_n128",
-            {
-                "softmax_mode": "exact",
-                "exp2_deleted": True,
-                "row_sum": "mma",
-                "tile_m": 192,
-                "tile_n": 128,
-                "intra_wg_overlap": False,
-            },
-        ),
-        (
-            "fa4_fp8_exact_noexp_mma_m192_n128_sb",
-            {
-                "softmax_mode": "exact",
-                "exp2_deleted": True,
-                "row_sum": "mma",
-                "tile_m": 192,
-                "tile_n": 128,
-                "intra_wg_overlap": False,
-                "scheduler_barrier": True,
-            },
-        ),
-        (
-            "fa4_fp8_exact_noexp_mma_m192_n128_sb_arrive",
-            {
-                "softmax_mode": "exact",
-                "exp2_deleted": True,
-                "row_sum": "mma",
-                "tile_m": 192,
-                "tile_n": 128,
-                "intra_wg_overlap": False,
-                "scheduler_barrier": True,
-                "arrive_after_pv": True,
-            },
-        ),
-        (
-            "fa4_fp8_exact_noexp_mma_m192_n128_s4",
-            {
-                "softmax_mode": "exact",
-                "exp2_deleted": True,
-                "row_sum": "mma",
-                "tile_m": 192,
-                "tile_n": 128,
-                "intra_wg_overlap": False,
-                "kv_stages": 4,
-            },
+        *(
+            (f"fa4_fp8_exact_noexp_mma_m192_n128{suffix}", {**FP8_PROBE_M192, **extra})
+            for suffix, extra in (
+                ("", {}),
+                ("_sb", {"scheduler_barrier": True}),
+                ("_sb_arrive", {"scheduler_barrier": True, "arrive_after_pv": True}),
+                ("_s4", {"kv_stages": 4}),
+            )
         ),
         (
             "fa4_fp8_exact_noexp_mma_n224_nooverlap_arrive",

@@ -41,6 +41,8 @@ PV_THEN_ARRIVE = "P.V GEMMs followed by the scheduler arrive"
 SINGLE = dict(pv_accumulation="single")
 # Every structural knob explicit, so that Note [Tuned defaults] (fp8_sm90.py) leaves them as named here.
 _EXPLICIT = dict(tile_m=128, tile_n=128, intra_wg_overlap=True, row_sum="fadd", clamp="max")
+# Three consumer warpgroups (Note [Three consumer warpgroups]) with H15's tuned knobs, the base of several configs.
+_H15_M192 = dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False)
 CONFIGS = {
     "exact": dict(softmax_mode="exact", **SINGLE),
     "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True, **SINGLE),
@@ -63,54 +65,20 @@ CONFIGS = {
         softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True
     ),
     # Three consumer warpgroups (Note [Three consumer warpgroups]), both row sums, beside two at the same tile.
-    "h15_sat_mma_m192": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False),
+    "h15_sat_mma_m192": _H15_M192,
     "h15_sat_m192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_m=192, intra_wg_overlap=False),
     # More K/V tiles in flight (Note [KV stages in shared memory]).
-    "h15_sat_mma_m192_s4": dict(
-        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False, kv_stages=4
-    ),
+    "h15_sat_mma_m192_s4": dict(_H15_M192, kv_stages=4),
     # FA4's round-robin scheduler barrier between the three (Note [Three consumer warpgroups]).
-    "h15_sat_mma_m192_sb": dict(
-        softmax_mode="rowmax_h15",
-        clamp="sat",
-        row_sum="mma",
-        tile_m=192,
-        intra_wg_overlap=False,
-        scheduler_barrier=True,
-    ),
-    "h15_sat_mma_m192_sb_arrive": dict(
-        softmax_mode="rowmax_h15",
-        clamp="sat",
-        row_sum="mma",
-        tile_m=192,
-        intra_wg_overlap=False,
-        scheduler_barrier=True,
-        arrive_after_pv=True,
-    ),
+    "h15_sat_mma_m192_sb": dict(_H15_M192, scheduler_barrier=True),
+    "h15_sat_mma_m192_sb_arrive": dict(_H15_M192, scheduler_barrier=True, arrive_after_pv=True),
     "h15_sat_nooverlap": dict(softmax_mode="rowmax_h15", clamp="sat", intra_wg_overlap=False),
     # The head-dim-128 defaults (Note [Tuned defaults]) not named above: the exact twin's causal one, and the
     # non-causal ones at three warpgroups compiled non-causal, as the call runs them (first block and loop, two
     # softmax sites, so the site-counting tests, which take three, do not select them by name).
     "exact_mma_n256_nooverlap": dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False),
-    "noncausal_h15_sat_mma_m192_n160": dict(
-        causal=False,
-        softmax_mode="rowmax_h15",
-        clamp="sat",
-        row_sum="mma",
-        tile_m=192,
-        tile_n=160,
-        intra_wg_overlap=False,
-    ),
-    "noncausal_h15_sat_mma_m192_n160_single": dict(
-        causal=False,
-        softmax_mode="rowmax_h15",
-        clamp="sat",
-        row_sum="mma",
-        tile_m=192,
-        tile_n=160,
-        intra_wg_overlap=False,
-        pv_accumulation="single",
-    ),
+    "noncausal_h15_sat_mma_m192_n160": dict(_H15_M192, causal=False, tile_n=160),
+    "noncausal_h15_sat_mma_m192_n160_single": dict(_H15_M192, causal=False, tile_n=160, pv_accumulation="single"),
     "noncausal_exact_mma_m192_n160": dict(
         causal=False, softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False
     ),
