@@ -6,8 +6,9 @@
 DETAILS.csv is `ncu -i REP --page details --csv`, SOURCE.csv (or .csv.xz) `ncu -i REP --page source --csv
 --print-source sass`
 of a report from `studies.fp8_sm90.ncu_profile` (`--set full`, so the SASS carries warp-state samples). For each
-FP8-forward kernel of the report: its duration, the tensor pipe's active share, issue-slot use, and the main loop
-split into the stretches of one iteration (a consumer warpgroup's KV tile), each in samples and in cycles.
+FP8-forward kernel of the report: its duration, issue-slot use, the main loop split into the stretches of one
+iteration (a consumer warpgroup's KV tile), each in samples and in cycles, and what the consumer warps were doing
+in the softmax stretch and in the whole loop (Note [Warp states]).
 
 Note [Samples to cycles]
 ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -18,6 +19,15 @@ tile and the epilogue). A CTA lasts elapsed cycles / waves (one CTA per SM: the 
 iteration takes CTA cycles x loop share / iterations, and a stretch its share of that. The iteration count is the
 loop's execution count over the consumer warps' count. A single issue of an instruction is one sample of
 'selected' per execution, which checks the scale: 'selected' samples / executions per warp ~ 1 cycle each.
+
+Note [Warp states]
+~~~~~~~~~~~~~~~~~~
+Each sample also records the warp's state: 'selected' (it issued), 'not_selected' (it was ready but the scheduler
+issued another warp of its SMSP), 'wait' (a fixed-latency dependency: the stall count ptxas wrote), 'dispatch' (ready,
+held back at dispatch), 'math' (its pipe was busy), 'short_sb' (shuffles and other variable-latency results),
+'barrier' (here the WARPGROUP.DEPBAR waits for a wgmma: FA4's GEMM waits, not a named barrier), and a few more
+(Nsight Compute's "Warp State Statistics"). Shares are over the stretch's samples, so a softmax whose 'not_selected',
+'dispatch' and 'math' shares grow is one whose warps compete with the other warps of their SMSP.
 """
 
 import collections
@@ -28,6 +38,8 @@ import sys
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 FP8_KERNEL = "FlashAttentionForwardSm90Fp8"
+STATE_PREFIX = "stall_"  # the source page's warp-state sample columns (Note [Warp states])
+NOT_ISSUED = "(Not Issued)"
 
 
 def source_sections(path: str) -> list[dict]:
@@ -111,12 +123,31 @@ def loop_stretches(rows: list[dict], sm_count: int, elapsed_cycles: float, grid:
         "iterations": iterations,
         "issue cycles per instruction": iteration_cycles * selected / loop_samples / loop_instructions,
         "stretches": {},
+        "warp states": {"loop": warp_states(rows, first, last + 1)},
     }
     for (name, start), (_, end) in zip(marks, marks[1:] + [("end", last + 1)]):
         n = sum(samples(rows[i]) for i in range(start, end))
         instructions = sum(1 for i in range(start, end) if executed(rows[i]) == loop_exec)
         out["stretches"][name] = (instructions, n, iteration_cycles * n / loop_samples)
+        if name == "softmax":
+            out["warp states"]["softmax"] = warp_states(rows, start, end)
     return out
+
+
+def warp_states(rows: list[dict], start: int, end: int) -> dict[str, float]:
+    """Note [Warp states]: state -> its share of the warp-state samples of rows[start:end], largest first."""
+    counts = collections.Counter()
+    for r in rows[start:end]:
+        for column, value in r.items():
+            if column.startswith(STATE_PREFIX) and not column.endswith(NOT_ISSUED):
+                counts[column[len(STATE_PREFIX) :]] += int(value or 0)
+    total = sum(counts.values())
+    return {state: n / total for state, n in counts.most_common()} if total else {}
+
+
+def state_line(states: dict[str, float], top: int = 7) -> str:
+    """The largest shares, e.g. "selected 24 %, wait 18 %, ..."."""
+    return ", ".join(f"{state} {share:.0%}".replace("%", " %") for state, share in list(states.items())[:top])
 
 
 def main(argv=None) -> None:
@@ -152,6 +183,12 @@ def main(argv=None) -> None:
         )
         for name, (instructions, n, cycles) in split["stretches"].items():
             lines.append(f"| {name} | {instructions} | {n} | {cycles:.0f} |")
+        instructions, _, cycles = split["stretches"]["softmax"]
+        lines.append(
+            f"\nWarp states (Note [Warp states]); the softmax issues {instructions / cycles:.2f} instructions a cycle "
+            f"per warp:\n- softmax: {state_line(split['warp states']['softmax'])}\n"
+            f"- whole loop: {state_line(split['warp states']['loop'])}"
+        )
         lines.append("")
     text = "\n".join(lines)
     print(text)

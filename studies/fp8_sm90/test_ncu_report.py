@@ -44,3 +44,58 @@ def test_stretches_add_up_and_order_as_their_work(splits):
         assert split["stretches"]["S GEMM wait"][2] >= 512 and split["stretches"]["P.V GEMM wait"][2] >= 544
     softmax = [s["stretches"]["softmax"] for s in (probe, h15, exact)]
     assert softmax[0][0] < softmax[1][0] and softmax[0][2] < softmax[1][2] < softmax[2][2]
+
+
+THREE_WARPGROUPS = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200_2026-12-03_s13" / "ncu_m192"
+
+
+@pytest.fixture(scope="module")
+def three_warpgroup_splits():
+    """The thirteenth session's report at 8K keys: H15 at tile_m 128 (tile 256), at the default tile_m 192 (tile
+    160), the exp2-deleted probe at tile_m 192 (tile 128); each a V^T pre-pass and a forward."""
+    metrics = ncu_report.details(str(THREE_WARPGROUPS / "m192_details.csv"))
+    kernels = ncu_report.source_sections(str(THREE_WARPGROUPS / "m192_source.csv.xz"))
+    ids = sorted(metrics, key=int)
+    assert len(ids) == len(kernels) == 6
+    out = {}
+    for report_id, kernel in zip(ids, kernels):
+        if ncu_report.FP8_KERNEL in kernel["name"]:
+            m = metrics[report_id]
+            elapsed = ncu_report.number(m["Elapsed Cycles"])
+            split = ncu_report.loop_stretches(kernel["rows"], 132, elapsed, ncu_report.grid_size(m))
+            out[report_id] = (kernel["rows"], split)
+    return out
+
+
+def test_warp_state_shares_add_up_and_the_barrier_state_is_the_gemm_waits(three_warpgroup_splits):
+    """Note [Warp states]: the shares of each stretch sum to 1; at tile_m 192, which runs no scheduler barrier, the
+    kernel's 'barrier' samples sit on the WARPGROUP.DEPBAR waits for its GEMMs; at tile_m 128 FA4's scheduler
+    barrier (BAR.SYNC, its samples landing on the instruction after it) takes a share of them."""
+    assert len(three_warpgroup_splits) == 3
+    on_gemm_waits = {}
+    for report_id, (rows, split) in three_warpgroup_splits.items():
+        for states in split["warp states"].values():
+            assert sum(states.values()) == pytest.approx(1.0)
+        barrier = [int(r["stall_barrier"] or 0) for r in rows]
+        waits = sum(n for r, n in zip(rows, barrier) if "WARPGROUP.DEPBAR" in r["Source"])
+        on_gemm_waits[report_id] = waits / sum(barrier)
+    assert on_gemm_waits["3"] >= 0.95 and on_gemm_waits["5"] >= 0.95, on_gemm_waits
+    assert on_gemm_waits["1"] < 0.95, on_gemm_waits
+
+
+def test_three_warpgroups_slow_each_warps_softmax(three_warpgroup_splits):
+    """What the thirteenth session's profile shows (docs/fp8_sm90.md, Budget): at three consumer warpgroups each
+    warp's H15 softmax issues at ~2/3 the rate it does at two (0.22 against 0.34 instructions a cycle), and the
+    states in which a ready warp waits for its SMSP (not selected, dispatch, math pipe) take a larger share."""
+    (_, two), (_, three), _ = (three_warpgroup_splits[i] for i in ("1", "3", "5"))
+
+    def rate(split):
+        instructions, _, cycles = split["stretches"]["softmax"]
+        return instructions / cycles
+
+    def contention(split):
+        states = split["warp states"]["softmax"]
+        return sum(states.get(s, 0.0) for s in ("not_selected", "dispatch", "math"))
+
+    assert rate(three) < 0.8 * rate(two)
+    assert contention(three) > 1.5 * contention(two)
