@@ -15,6 +15,10 @@
 #                                                 # beside the defaults, 8K-32K (~7 minutes)
 #   bash scripts/h200_session.sh exactbeta OUT    # the exact twin's exp2-emulation share at its tuned configurations,
 #                                                 # 8K-32K (~4 minutes)
+#   bash scripts/h200_session.sh accuracy OUT     # the FP8 accuracy study (bench --fp8-accuracy) under today's defaults,
+#                                                 # every peer: the README's accuracy table (~1 minute)
+#   bash scripts/h200_session.sh peers OUT        # flash_attn_func's defaults beside FA3-FP8, vLLM's FA3 and cuDNN's FP8,
+#                                                 # 2K-32K, head dim 128 and 64: the README's speed table (~2 minutes)
 #   bash scripts/h200_session.sh kvstages OUT     # the GPU tests of tile_m and kv_stages, then the kv_stages rows
 #                                                 # beside the defaults and tile_m=192 at two stages, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
@@ -35,6 +39,9 @@
 #   bash scripts/h200_session.sh qwen15fp8long OUT  # the same for Qwen2.5-1.5B, 2K and 16K (LENGTHS=32768: 32K
 #                                                 # alone, a call of its own)
 # Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
+# accuracy and peers steps need the fa3-fwd and nvidia-cudnn-frontend wheels and vLLM 0.26.0's FA3 library in the
+# data, xz-compressed (`prepare.sh --data DIR fa3-fwd==0.0.3 nvidia-cudnn-frontend==1.32.0`, DIR holding
+# _vllm_fa3_C.abi3.so.xz from the vllm-0.26.0 wheel's vllm/vllm_flash_attn/). The
 # quality steps read the bundle's data at /tmp/devdata (austen/, qwen2.5-0.5b/model.gguf, qwen2.5-1.5b/model.gguf:
 # `prepare.sh --data .cache/quality_device/both gguf==0.19.0`, docs/measurements.md). A device call returns a
 # limited number of files: write the steps under one folder and tar it (`cd $OUT && tar czf results.tgz r`).
@@ -89,7 +96,24 @@ fp8_long_step() {
   python3 -m bench.quality.report "$dir"/quality_${name}_*.json > "$dir/lengths.md" 2>&1
   cat "$dir/lengths.md"
 }
+# vLLM's FA3 peer (bench/kernels.py, LOWPREC_VLLM_FA3_SO), unpacked from the staged data.
+vllm_fa3_library() {
+  if [ -f /tmp/devdata/_vllm_fa3_C.abi3.so.xz ]; then
+    [ -f /tmp/vllm_fa3.so ] || xz -dc /tmp/devdata/_vllm_fa3_C.abi3.so.xz > /tmp/vllm_fa3.so
+    export LOWPREC_VLLM_FA3_SO=/tmp/vllm_fa3.so
+  fi
+}
 case "$STEP" in
+  accuracy)
+    vllm_fa3_library
+    timeout 500 python3 -m bench --fp8-accuracy --out "$OUT" --name h200_fp8_accuracy > "$OUT/accuracy.log" 2>&1
+    echo "accuracy study: exit status $?"; tail -3 "$OUT/accuracy.log" ;;
+  peers)
+    vllm_fa3_library
+    timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 5.5 --out "$OUT" \
+      --name h200_fp8_defaults_peers --kernels fa3_fp8 vllm_fa3_fp8 cudnn_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 \
+      > "$OUT/bench.log" 2>&1
+    echo "peers: exit status $?"; tail -3 "$OUT/bench.log" ;;
   bench)
     python3 -m bench --fp8 --seqlens 8K 16K --map-masks none --max-minutes 4 --out "$OUT" --name h200_fp8_focus \
       --kernels $FP8_BENCH_KERNELS > "$OUT/bench.log" 2>&1
@@ -210,7 +234,7 @@ case "$STEP" in
   qwen15fp8long)
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
-  *) echo "h200_session.sh: step must be bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
+  *) echo "h200_session.sh: step must be accuracy, peers, bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
 esac
