@@ -68,15 +68,16 @@ thread), so two other warpgroups' GEMMs run under each softmax. At 160 registers
 and the fresh accumulator (with the MMA row sum's 8 columns a few registers spill around the P.V GEMM, bounded in
 tests/test_compile_sm90_fp8.py), and intra-warpgroup overlap does not fit at all (the host refuses both); where
 three warpgroups are the default is Note [Tuned defaults] (fp8_sm90.py). FA4 runs three warpgroups without overlap
-with no scheduler barrier (`use_scheduler_barrier`): the warpgroups issue their GEMMs as they are ready. Nothing
-then keeps them apart: they wait on the same K and V stages, so they can fall into step, issuing their GEMMs
-together and running their softmaxes together while the tensor pipe idles (a reading of their speed on the H200, not
-yet profiled: docs/fp8_sm90.md, Levers). `scheduler_barrier=True` takes FA4's round-robin instead (the one its
-overlapped three-warpgroup step uses): a warpgroup issues its P.V GEMM and its next S GEMM between its sync and its
-arrive, and the arrive wakes the next warpgroup, so the three take the tensor pipe in turn and each one's softmax
-runs under the other two's GEMMs. Its hand-over is FA4's, after the next S GEMM's issue, so a warpgroup holds the
-tensor pipe through its P.V GEMM's wait and its promotion; with `arrive_after_pv` (Note [Scheduler window after the
-P.V GEMM]) it hands over as soon as its P.V GEMM is done, the same count of arrives, each earlier.
+with no scheduler barrier (`use_scheduler_barrier`): the warpgroups issue their GEMMs as they are ready, and that is
+the default here. Their softmaxes then overlap on every SMSP, which the three consumer warps share; for H15 and the
+exact twin at head dim 128 that shared issue is what binds, and ordering the GEMMs only adds a wait for each turn
+(docs/fp8_sm90.md, Budget and Levers, from the H200's profile and timings). `scheduler_barrier=True` takes FA4's
+round-robin instead (the one its overlapped three-warpgroup step uses): a warpgroup issues its P.V GEMM and its next
+S GEMM between its sync and its arrive, and the arrive wakes the next warpgroup, so the three take the tensor pipe
+in turn and their softmaxes are staggered; that pays where the MUFU binds (the exact twin at head dim 64). Its
+hand-over is FA4's, after the next S GEMM's issue, so a warpgroup holds the tensor pipe through its P.V GEMM's wait
+and its promotion; with `arrive_after_pv` (Note [Scheduler window after the P.V GEMM]) it hands over as soon as its
+P.V GEMM is done, the same count of arrives, each earlier.
 Values do not depend on tile_m: a row's arithmetic is its warpgroup's, whichever Q tile holds it (tests check tile_m
 192 against 128 bit for bit).
 
