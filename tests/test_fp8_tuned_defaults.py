@@ -64,6 +64,16 @@ def test_the_round_robin_barrier_selects_three_warpgroups():
     stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
 
 
+@pytest.mark.parametrize("knobs", [dict(tile_n=256), dict(tile_n=192), dict(intra_wg_overlap=True)])
+def test_the_round_robin_barrier_with_an_excluding_knob_is_refused_by_its_own_name(knobs):
+    """scheduler_barrier=True without tile_m selects three warpgroups; a knob they refuse is refused in terms of the
+    barrier the caller passed, not of a tile_m it never passed."""
+    with pytest.raises(ValueError, match=r"^scheduler_barrier=True runs three consumer warpgroups .* Accepted: "):
+        call_stage("rowmax_h15", 128, True, scheduler_barrier=True, **knobs)
+    stage = call_stage("rowmax_h15", 128, True, scheduler_barrier=True, tile_n=128)
+    assert (stage.tile_m, stage.tile_n, stage.scheduler_barrier) == (192, 128, True)
+
+
 def test_kv_stages_passed_take_the_faster_entry_they_fit_in():
     """Note [KV stages in shared memory]: three stages do not fit beside two warpgroups' tile 256 (head dim 128
     causal's faster entry) but do beside three warpgroups' tile 160, so the call gets that, not a refusal naming a
