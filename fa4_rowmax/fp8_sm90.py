@@ -147,11 +147,12 @@ def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> d
         tile_m = stage.tile_m
     elif "scheduler_barrier" in explicit and stage.scheduler_barrier:  # a three-warpgroup knob
         if not _admits_three_warpgroups(stage, explicit):
+            passed = ", ".join(f"{k}={getattr(stage, k)!r}" for k in ("tile_n", "intra_wg_overlap") if k in explicit)
             raise ValueError(
                 "scheduler_barrier=True runs three consumer warpgroups (tile_m=192), which take tile_n in "
                 f"{FP8_TILE_M3_TILE_NS} and intra_wg_overlap=False (Note [Three consumer warpgroups]); got "
-                f"tile_n={stage.tile_n}, intra_wg_overlap={stage.intra_wg_overlap}. Accepted: scheduler_barrier=True "
-                f"with tile_n in {FP8_TILE_M3_TILE_NS} and intra_wg_overlap=False, or scheduler_barrier=False"
+                f"{passed}. Accepted: scheduler_barrier=True with tile_n in {FP8_TILE_M3_TILE_NS} and "
+                "intra_wg_overlap=False, or scheduler_barrier=False"
             )
         tile_m = 192
     elif not _admits_three_warpgroups(stage, explicit):

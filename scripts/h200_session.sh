@@ -98,10 +98,15 @@ fp8_long_step() {
 }
 # vLLM's FA3 peer (bench/kernels.py, LOWPREC_VLLM_FA3_SO), unpacked from the staged data.
 vllm_fa3_library() {
-  if [ -f /tmp/devdata/_vllm_fa3_C.abi3.so.xz ]; then
-    [ -f /tmp/vllm_fa3.so ] || xz -dc /tmp/devdata/_vllm_fa3_C.abi3.so.xz > /tmp/vllm_fa3.so
-    export LOWPREC_VLLM_FA3_SO=/tmp/vllm_fa3.so
+  local packed=/tmp/devdata/_vllm_fa3_C.abi3.so.xz
+  if [ ! -f "$packed" ]; then
+    echo "warning: $packed is not staged: the vLLM FA3 peer will be reported unavailable" >&2
+    return
   fi
+  if [ ! -f /tmp/vllm_fa3.so ]; then
+    xz -dc "$packed" > /tmp/vllm_fa3.so.part && mv /tmp/vllm_fa3.so.part /tmp/vllm_fa3.so
+  fi
+  export LOWPREC_VLLM_FA3_SO=/tmp/vllm_fa3.so
 }
 case "$STEP" in
   accuracy)

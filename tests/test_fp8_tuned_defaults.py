@@ -68,7 +68,9 @@ def test_the_round_robin_barrier_selects_three_warpgroups():
 def test_the_round_robin_barrier_with_an_excluding_knob_is_refused_by_its_own_name(knobs):
     """scheduler_barrier=True without tile_m selects three warpgroups; a knob they refuse is refused in terms of the
     barrier the caller passed, not of a tile_m it never passed."""
-    with pytest.raises(ValueError, match=r"^scheduler_barrier=True runs three consumer warpgroups .* Accepted: "):
+    ((knob, value),) = knobs.items()
+    got = rf"got {knob}={value!r}\. Accepted: "
+    with pytest.raises(ValueError, match=r"^scheduler_barrier=True runs three consumer warpgroups .*" + got):
         call_stage("rowmax_h15", 128, True, scheduler_barrier=True, **knobs)
     stage = call_stage("rowmax_h15", 128, True, scheduler_barrier=True, tile_n=128)
     assert (stage.tile_m, stage.tile_n, stage.scheduler_barrier) == (192, 128, True)

@@ -8,7 +8,7 @@ Note [Fixed cost per call]
 The benchmark holds the tokens per call at 32K (batch x seqlen), so every length launches the same number of query
 tiles (CTAs) and moves the same bytes of Q, O and V^T, while the key work per query tile grows with the length L.
 So a call's median time fits T(L) = a + b L: `a` is what every call pays whatever its length (the V^T pre-pass,
-each work tile's start and epilogue over the grid's waves, launches), `b` the time per 1K keys of key work.
+launches, and whatever each work tile pays once over the grid's waves), `b` the time per 1K keys of key work.
 b_FA3 / b is the speed-up the kernel approaches at long rows; the intercept is what pulls it down at short ones:
 ratio(L) = (a_FA3 + b_FA3 L) / (a + b L). The fit is least squares over the run's lengths; its residuals say how
 well two numbers carry the run: within 7 % of each time for our kernels on the H200 (the test holds them under 8 %),
@@ -27,12 +27,20 @@ KERNELS = ("fa3_fp8", "vllm_fa3_fp8", "cudnn_fp8", "fa4_fp8_func_exact", "fa4_fp
 def fit_fixed_cost(rows: list[dict]) -> dict[tuple, dict]:
     """(kernel, head_dim, heads_kv, causal) -> {"lengths", "ms", "a_ms", "b_ms_per_1k", "residuals_ms"} for every
     group with a timed row at three or more lengths (Note [Fixed cost per call])."""
-    series = {}
+    series, shapes = {}, set()
     for r in rows:
         if r.get("median_ms") is None or r["dtype"] != "fp8":
             continue
+        shapes.add((r["batch"] * r["seqlen"], r["heads_q"]))
         key = (r["kernel"], r["head_dim"], r["heads_kv"], r["causal"])
-        series.setdefault(key, {})[r["seqlen"]] = r["median_ms"]
+        if r["seqlen"] in series.setdefault(key, {}):
+            raise ValueError(f"two timed rows for {key} at seqlen {r['seqlen']}: fit one run's rows at a time")
+        series[key][r["seqlen"]] = r["median_ms"]
+    if len(shapes) > 1:
+        raise ValueError(
+            f"rows of several settings (tokens per call, query heads): {sorted(shapes)}; the fit needs one "
+            "(Note [Fixed cost per call])"
+        )
     out = {}
     for key, times in series.items():
         if len(times) < 3:

@@ -123,24 +123,32 @@ def loop_stretches(rows: list[dict], sm_count: int, elapsed_cycles: float, grid:
         "iterations": iterations,
         "issue cycles per instruction": iteration_cycles * selected / loop_samples / loop_instructions,
         "stretches": {},
+        "bounds": {"loop": (first, last + 1)},  # row ranges of the source page
         "warp states": {"loop": warp_states(rows, first, last + 1)},
     }
     for (name, start), (_, end) in zip(marks, marks[1:] + [("end", last + 1)]):
         n = sum(samples(rows[i]) for i in range(start, end))
         instructions = sum(1 for i in range(start, end) if executed(rows[i]) == loop_exec)
         out["stretches"][name] = (instructions, n, iteration_cycles * n / loop_samples)
+        out["bounds"][name] = (start, end)
         if name == "softmax":
             out["warp states"]["softmax"] = warp_states(rows, start, end)
     return out
 
 
-def warp_states(rows: list[dict], start: int, end: int) -> dict[str, float]:
-    """Note [Warp states]: state -> its share of the warp-state samples of rows[start:end], largest first."""
+def warp_state_counts(rows: list[dict], start: int, end: int) -> collections.Counter:
+    """Note [Warp states]: state -> its samples over rows[start:end]."""
     counts = collections.Counter()
     for r in rows[start:end]:
         for column, value in r.items():
             if column.startswith(STATE_PREFIX) and not column.endswith(NOT_ISSUED):
                 counts[column[len(STATE_PREFIX) :]] += int(value or 0)
+    return counts
+
+
+def warp_states(rows: list[dict], start: int, end: int) -> dict[str, float]:
+    """Note [Warp states]: state -> its share of the warp-state samples of rows[start:end], largest first."""
+    counts = warp_state_counts(rows, start, end)
     total = sum(counts.values())
     return {state: n / total for state, n in counts.most_common()} if total else {}
 

@@ -17,8 +17,18 @@ RUN = (
 )
 
 
-def _row(kernel, seqlen, ms, causal=False):
-    return dict(kernel=kernel, dtype="fp8", head_dim=128, heads_kv=16, causal=causal, seqlen=seqlen, median_ms=ms)
+def _row(kernel, seqlen, ms, causal=False, tokens=32768):
+    return dict(
+        kernel=kernel,
+        dtype="fp8",
+        head_dim=128,
+        heads_q=16,
+        heads_kv=16,
+        causal=causal,
+        seqlen=seqlen,
+        batch=tokens // seqlen,
+        median_ms=ms,
+    )
 
 
 def test_the_fit_recovers_an_exact_line_and_skips_short_series():
@@ -29,6 +39,16 @@ def test_the_fit_recovers_an_exact_line_and_skips_short_series():
     fit = fits[("k", 128, 16, False)]
     assert fit["a_ms"] == pytest.approx(0.125) and fit["b_ms_per_1k"] == pytest.approx(0.25)
     assert max(map(abs, fit["residuals_ms"])) < 1e-12
+
+
+def test_rows_of_two_runs_or_two_settings_are_refused():
+    """The fit assumes one run at one setting (Note [Fixed cost per call]): a second timed row for the same group and
+    length, or rows at another tokens-per-call, would be a different line."""
+    rows = [_row("k", n, 1.0) for n in (2048, 4096, 8192)]
+    with pytest.raises(ValueError, match="two timed rows"):
+        fit_fixed_cost(rows + [_row("k", 8192, 1.1)])
+    with pytest.raises(ValueError, match="several settings"):
+        fit_fixed_cost(rows + [_row("other", 8192, 1.0, tokens=65536)])
 
 
 @pytest.fixture(scope="module")
