@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from fa4_rowmax.config import STAGE_KNOBS
-from fa4_rowmax.fp8_sm90 import call_stage
+from fa4_rowmax.fp8_sm90 import SMEM_ALIGN, call_stage, shared_memory_bytes
 from fa4_rowmax.stage.softmax_base import off_mufu
 from fa4_rowmax.testing import compile_check
 from fa4_rowmax.testing.sass import count, split_instruction
@@ -84,24 +84,29 @@ CONFIGS = {
     ),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
+STAGE_KNOBS_DEFAULTS = {knob: STAGE_KNOBS[knob].default for knob in ("tile_m", "tile_n", "kv_stages", "row_sum")}
 # Twins that differ only in pv_accumulation.
 TWO_LEVEL_TWINS = {"exact_two_level": "exact", "h15_two_level": "h15"}
 
 
 # A pseudo-opcode: the register count the consumer warpgroups raise themselves to (USETMAXREG.TRY_ALLOC's operand).
 CONSUMER_REGISTERS = "consumer registers"
+# Another: the bytes of the shared-storage struct the kernel allocated, as traced (compile_check).
+SHARED_STORAGE = "shared storage bytes"
 
 
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
     """Mnemonic counts of the kernel `kwargs` compile to (`compile_check.compile_fp8_sm90`: causal, head dim 128,
     256 keys), plus MAIN_LOOP_LOCAL."""
-    instructions = compile_check.disassemble(compile_check.compile_fp8_sm90(kwargs, workdir / name, site))
+    cubin = compile_check.compile_fp8_sm90(kwargs, workdir / name, site)
+    instructions = compile_check.disassemble(cubin)
     opcodes = [split_instruction(ins)[0] for ins in instructions]
     ops = Counter(opcodes)
     gmma = [i for i, op in enumerate(opcodes) if op.startswith("QGMMA")]
     ops[MAIN_LOOP_LOCAL] = sum(op.startswith(("STL", "LDL")) for op in opcodes[gmma[0] : gmma[-1]])
     (alloc,) = [ins for ins in instructions if split_instruction(ins)[0].startswith("USETMAXREG.TRY_ALLOC")]
     ops[CONSUMER_REGISTERS] = int(alloc.rsplit(",", 1)[1], 16)
+    ops[SHARED_STORAGE] = compile_check.traced_shared_storage_bytes(cubin)
     pv_gemm = f"QGMMA.64x{_o_per_thread(kwargs) * 2}x32."
     events = [op for op in opcodes if op.startswith("QGMMA") or op == "BAR.ARV"]
     ops[PV_THEN_ARRIVE] = sum(
@@ -330,3 +335,14 @@ def test_the_three_warpgroup_default_promotes_by_one_ffma_per_o_element(compiled
     assert count(ops, "FFMA") - count(single, "FFMA") == sites * o
     assert count(single, "FMUL") - count(ops, "FMUL") == (sites - 1) * o
     assert count(ops, "QGMMA") == count(single, "QGMMA")
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_shared_memory_estimate_holds_the_traced_storage(compiled, name):
+    """Note [KV stages in shared memory]: the host refuses kv_stages by `shared_memory_bytes`, so it must never be
+    below what the kernel allocates (a launch past 227 KiB would fail on the GPU) and no more than one alignment
+    period above it (or it refuses stages that fit)."""
+    kwargs, ops = compiled[name]
+    knobs = {**STAGE_KNOBS_DEFAULTS, **kwargs}
+    estimate = shared_memory_bytes(128, knobs["tile_m"], knobs["tile_n"], knobs["kv_stages"], knobs["row_sum"])
+    assert ops[SHARED_STORAGE] <= estimate <= ops[SHARED_STORAGE] + SMEM_ALIGN, (ops[SHARED_STORAGE], estimate)

@@ -302,12 +302,20 @@ def run_one(arch: str, config: dict, fa4_site: Path, workdir: Path, timeout: flo
 # (so FA4's three softmax sites are unrolled when causal), batch 2, 4 heads; the kernel's knobs come as JSON in
 # argv[1].
 _FP8_SM90_WORKER = r"""
-import json, sys
+import json, os, sys
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+from fa4_rowmax.stage.flash_fwd_sm90_fp8 import FlashAttentionForwardSm90Fp8
 kw = json.loads(sys.argv[1])
 causal = kw.pop("causal", True)
+storage_cls = FlashAttentionForwardSm90Fp8._get_shared_storage_cls
+def recorded_storage_cls(self):
+    storage = storage_cls(self)
+    with open(os.path.join(os.environ["CUTE_DSL_DUMP_DIR"], "shared_storage_bytes"), "w") as f:
+        f.write(str(storage.size_in_bytes()))
+    return storage
+FlashAttentionForwardSm90Fp8._get_shared_storage_cls = recorded_storage_cls
 with FakeTensorMode():
     q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
     k = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
@@ -318,7 +326,7 @@ with FakeTensorMode():
 def compile_fp8_sm90(kwargs: dict, dump: Path, fa4_site: Path, timeout: float = 600) -> Path:
     """The cubin of the SM90 FP8 forward with `kwargs` (`flash_attn_fp8_sm90`'s knobs and `causal`), compiled for
     sm_90a in a subprocess against `fa4_site` (a patched copy from `prepare_fa4_copies`) and kept under the new
-    folder `dump`."""
+    folder `dump`, beside the traced size of its shared storage (`traced_shared_storage_bytes`)."""
     dump.mkdir()
     env = dict(
         os.environ,
@@ -341,6 +349,11 @@ def compile_fp8_sm90(kwargs: dict, dump: Path, fa4_site: Path, timeout: float = 
     if len(cubins) != 1:
         raise RuntimeError(f"expected one *Sm90Fp8*.cubin under {dump}, found {sorted(p.name for p in dump.iterdir())}")
     return cubins[0]
+
+
+def traced_shared_storage_bytes(cubin: Path) -> int:
+    """The size of the shared-storage struct the kernel of `cubin` (from `compile_fp8_sm90`) allocated, as traced."""
+    return int((cubin.parent / "shared_storage_bytes").read_text())
 
 
 def prepare_fa4_copies(workdir: Path) -> dict[str, Path]:
