@@ -206,6 +206,13 @@ FP8_ROUND_ROBIN = {
     for name in ("fa4_fp8_h15_sat_mma_m192_n128", "fa4_fp8_h15_sat_mma_m192_n160", "fa4_fp8_exact_mma_m192_n160")
     for suffix, extra in (("_sb", {}), ("_sb_arrive", {"arrive_after_pv": True}))
 }
+# The tuned defaults with O's tile at head_dim columns (`o_store`, Note [O's tile without the row-sum columns]),
+# beside `fa4_fp8_exact_two_level` / `fa4_fp8_h15_two_level` (the same direct call at the defaults without it);
+# opt-in rows (`--kernels '*_o_head_dim'`).
+FP8_O_STORE = {
+    f"fa4_fp8_{name}_o_head_dim": {"softmax_mode": mode, "o_store": "head_dim"}
+    for name, mode in (("exact", "exact"), ("h15", "rowmax_h15"))
+}
 # The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
 FP8_PROBE_M192 = {
     "softmax_mode": "exact",
@@ -1004,6 +1011,7 @@ def _fp8_specs() -> list[KernelSpec]:
         for mode in ("exact", "rowmax_h15")
         for accumulation in FP8_PV_ACCUMULATIONS
     ]
+    variants += list(FP8_O_STORE.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(

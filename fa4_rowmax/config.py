@@ -142,6 +142,11 @@ STAGE_KNOBS = {
     # issuing its P.V and next S GEMM in turn; False is FA4's choice there, no barrier (two warpgroups always take
     # FA4's ping-pong one). Note [Three consumer warpgroups], stage/flash_fwd_sm90_fp8.py.
     "scheduler_barrier": Knob((False, True), False, ("sm90_fp8",)),
+    # The columns of O's shared tile and TMA store with row_sum="mma": "pv_columns" stores the P.V GEMM's head_dim + 8
+    # (the TMA store clips the row-sum columns at out's edge), "head_dim" the head_dim columns alone. Values are the
+    # same; Note [O's tile without the row-sum columns], stage/flash_fwd_sm90_fp8.py. With row_sum="fadd" the two
+    # are one kernel.
+    "o_store": Knob(("pv_columns", "head_dim"), "pv_columns", ("sm90_fp8",)),
 }
 
 

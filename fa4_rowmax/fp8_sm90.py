@@ -173,7 +173,7 @@ def _fits(stage: SoftmaxStage, head_dim: int, tile_m: int, explicit, key) -> boo
     for knob in ("tile_n", "row_sum"):
         if knob in explicit:
             entry[knob] = getattr(stage, knob)
-    need = shared_memory_bytes(head_dim, tile_m, entry["tile_n"], stage.kv_stages, entry["row_sum"])
+    need = shared_memory_bytes(head_dim, tile_m, entry["tile_n"], stage.kv_stages, entry["row_sum"], stage.o_store)
     return need <= SMEM_PER_BLOCK
 
 
@@ -320,15 +320,19 @@ SMEM_ALIGN = 1024
 SMEM_PER_BLOCK = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on SM90 (227 KiB)
 
 
-def shared_memory_bytes(head_dim: int, tile_m: int, tile_n: int, kv_stages: int, row_sum: str) -> int:
-    """The FP8 forward's shared memory a block (Note [KV stages in shared memory])."""
+def shared_memory_bytes(
+    head_dim: int, tile_m: int, tile_n: int, kv_stages: int, row_sum: str, o_store: str = "pv_columns"
+) -> int:
+    """The FP8 forward's shared memory a block (Note [KV stages in shared memory]); O's tile is as wide as the P.V
+    GEMM unless `o_store` is "head_dim" (Note [O's tile without the row-sum columns])."""
 
     def aligned(n: int) -> int:
         return -(-n // SMEM_ALIGN) * SMEM_ALIGN
 
     head_dim_v = head_dim + (ROW_SUM_COLUMNS if row_sum == "mma" else 0)
     barriers = 8 * (2 + 4 * kv_stages)  # Q full/empty, then K and V full/empty per stage
-    q_and_o = max(tile_m * head_dim, tile_m * head_dim_v * 2)
+    o_columns = head_dim if o_store == "head_dim" else head_dim_v
+    q_and_o = max(tile_m * head_dim, tile_m * o_columns * 2)
     return (
         aligned(barriers)
         + aligned(kv_stages * tile_n * head_dim_v)
@@ -340,13 +344,13 @@ def shared_memory_bytes(head_dim: int, tile_m: int, tile_n: int, kv_stages: int,
 
 def check_shared_memory(stage: SoftmaxStage, head_dim: int) -> None:
     """ValueError naming kv_stages and the most that fit when this stage's buffers exceed SMEM_PER_BLOCK."""
-    need = shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, stage.row_sum)
+    need = shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, stage.row_sum, stage.o_store)
     if need <= SMEM_PER_BLOCK:
         return
     fitting = [
         n
         for n in STAGE_KNOBS["kv_stages"].accepted
-        if shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, n, stage.row_sum) <= SMEM_PER_BLOCK
+        if shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, n, stage.row_sum, stage.o_store) <= SMEM_PER_BLOCK
     ]
     raise ValueError(
         f"kv_stages={stage.kv_stages} at tile_m={stage.tile_m}, tile_n={stage.tile_n}, head dim {head_dim}, "

@@ -202,7 +202,7 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier` (fa4_rowmax/fp8_sm90.py).
+    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store` (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
@@ -220,6 +220,7 @@ class SoftmaxStage:
     intra_wg_overlap: bool = STAGE_KNOBS["intra_wg_overlap"].default
     arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]
     scheduler_barrier: bool = STAGE_KNOBS["scheduler_barrier"].default  # Note [Three consumer warpgroups]
+    o_store: str = STAGE_KNOBS["o_store"].default  # Note [O's tile without the row-sum columns]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None

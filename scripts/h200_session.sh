@@ -19,6 +19,9 @@
 #                                                 # every peer: the README's accuracy table (~1 minute)
 #   bash scripts/h200_session.sh peers OUT        # flash_attn_func's defaults beside FA3-FP8, vLLM's FA3 and cuDNN's FP8,
 #                                                 # 2K-32K, head dim 128 and 64: the README's speed table (~2 minutes)
+#   bash scripts/h200_session.sh ostore OUT       # O's tile without the row-sum columns (o_store="head_dim"): its GPU
+#                                                 # bit-identity test, then the defaults with and without it beside
+#                                                 # FA3-FP8, 2K-32K (~4 minutes; docs/fp8_sm90.md has the prediction)
 #   bash scripts/h200_session.sh kvstages OUT     # the GPU tests of tile_m and kv_stages, then the kv_stages rows
 #                                                 # beside the defaults and tile_m=192 at two stages, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
@@ -113,6 +116,13 @@ case "$STEP" in
     vllm_fa3_library
     timeout 500 python3 -m bench --fp8-accuracy --out "$OUT" --name h200_fp8_accuracy > "$OUT/accuracy.log" 2>&1
     echo "accuracy study: exit status $?"; tail -3 "$OUT/accuracy.log" ;;
+  ostore)
+    timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "o_without_the_row_sum_columns" \
+      > "$OUT/pytest_o_store.log" 2>&1; tail -2 "$OUT/pytest_o_store.log"
+    python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 4 --out "$OUT" --name h200_fp8_o_store \
+      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_exact_two_level fa4_fp8_h15_two_level '*_o_head_dim' \
+      > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/bench.log" ;;
   peers)
     vllm_fa3_library
     timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 5.5 --out "$OUT" \
@@ -239,7 +249,7 @@ case "$STEP" in
   qwen15fp8long)
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
-  *) echo "h200_session.sh: step must be accuracy, peers, bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
+  *) echo "h200_session.sh: step must be accuracy, peers, ostore, bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
        "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
      exit 2 ;;
 esac

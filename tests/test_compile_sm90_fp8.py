@@ -82,9 +82,13 @@ CONFIGS = {
     "noncausal_exact_mma_m192_n160": dict(
         causal=False, softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False
     ),
+    # O's tile without the row-sum columns (Note [O's tile without the row-sum columns]) beside its twin above.
+    "noncausal_h15_sat_mma_m192_n160_o_head_dim": dict(_H15_M192, causal=False, tile_n=160, o_store="head_dim"),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
-STAGE_KNOBS_DEFAULTS = {knob: STAGE_KNOBS[knob].default for knob in ("tile_m", "tile_n", "kv_stages", "row_sum")}
+STAGE_KNOBS_DEFAULTS = {
+    knob: STAGE_KNOBS[knob].default for knob in ("tile_m", "tile_n", "kv_stages", "row_sum", "o_store")
+}
 # Twins that differ only in pv_accumulation.
 TWO_LEVEL_TWINS = {"exact_two_level": "exact", "h15_two_level": "h15"}
 
@@ -344,5 +348,21 @@ def test_the_shared_memory_estimate_holds_the_traced_storage(compiled, name):
     period above it (or it refuses stages that fit)."""
     kwargs, ops = compiled[name]
     knobs = {**STAGE_KNOBS_DEFAULTS, **kwargs}
-    estimate = shared_memory_bytes(128, knobs["tile_m"], knobs["tile_n"], knobs["kv_stages"], knobs["row_sum"])
+    estimate = shared_memory_bytes(
+        128, knobs["tile_m"], knobs["tile_n"], knobs["kv_stages"], knobs["row_sum"], knobs["o_store"]
+    )
     assert ops[SHARED_STORAGE] <= estimate <= ops[SHARED_STORAGE] + SMEM_ALIGN, (ops[SHARED_STORAGE], estimate)
+
+
+def test_o_without_the_row_sum_columns_is_stored_in_two_tma_boxes(compiled):
+    """Note [O's tile without the row-sum columns]: with the P.V GEMM's head_dim + 8 columns O's shared tile has no
+    128-byte swizzle and FA4's epilogue stores it in (head_dim + 8) / 8 TMA boxes; o_store="head_dim" stores the
+    head_dim columns in head_dim / 64 (FA4's stock count at head dim 128). The main loop is the same code; the
+    epilogue no longer scales the row-sum columns' chunk (4 values a thread: 4 FFMA) nor converts it (2 F2FP)."""
+    _, wide = compiled["noncausal_h15_sat_mma_m192_n160"]
+    _, narrow = compiled["noncausal_h15_sat_mma_m192_n160_o_head_dim"]
+    assert (count(wide, "UTMASTG"), count(narrow, "UTMASTG")) == ((128 + 8) // 8, 128 // 64)
+    for op in ("QGMMA", "FFMA.SAT", "FMNMX", "PRMT", "MUFU.EX2", "SHFL"):
+        assert count(narrow, op) == count(wide, op), op
+    assert (count(wide, "FFMA") - count(narrow, "FFMA"), count(wide, "F2FP") - count(narrow, "F2FP")) == (4, 2)
+    assert narrow[SHARED_STORAGE] < wide[SHARED_STORAGE]

@@ -17,6 +17,8 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
   the P.V GEMM]).
 - `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [V^T at FA4's padded offsets]).
 - tile_m 128 or 192: two or three consumer warpgroups (Note [Three consumer warpgroups]).
+- `epilogue`: FA4's, on O's head_dim columns alone with o_store="head_dim" (Note [O's tile without the row-sum
+  columns]).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
 warpgroups, epilogue) is FA4's. Supported: dense batches and varlen (cu_seqlens_q/k, seqused_q/k), head dim
@@ -80,6 +82,19 @@ and its promotion; with `arrive_after_pv` (Note [Scheduler window after the P.V 
 P.V GEMM is done, the same count of arrives, each earlier.
 Values do not depend on tile_m: a row's arithmetic is its warpgroup's, whichever Q tile holds it (tests check tile_m
 192 against 128 bit for bit).
+
+Note [O's tile without the row-sum columns]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With row_sum="mma" the P.V GEMM carries head_dim + 8 columns (Note [Row sum by the MMA]) and FA4 stages O's tile in
+shared memory and stores it by TMA at that width. 136 columns of BF16 have no 128-byte swizzle, so FA4's epilogue
+issues (head_dim + 8) / 8 TMA stores of 16-byte rows (17 at head dim 128, against 2 at 128 columns: SASS, CPU
+compile), once per work tile. The H200 puts about 0.1 ms a call more of fixed cost on the MMA row sum than on the
+FADD one at head dim 128, whatever the KV heads (studies/fp8_sm90/results/fixed_cost.md, the thirteenth session's
+last call), which this store may carry. o_store="head_dim" gives O's shared tile and TMA store head_dim columns
+(FA4's seam `o_store_columns`, patch 0002) and the epilogue a head_dim-wide view of O: the wgmma accumulator holds
+a row's columns in chunks of 8, one after another in each thread's registers, so O's first head_dim columns are
+the first head_dim / 8 chunks, the whole of an N = head_dim accumulator (`_tiled_mma_pv(head_dim)`), and the row
+sum's chunk, read before the epilogue (`row_sum_from_acc_O`), is left out. Values are unchanged.
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -201,6 +216,9 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # exactly head_dim_v columns, so no head-dim predication either.
         self.tile_hdimv = head_dim_v
         self.check_hdim_v_oob = False
+        # Note [O's tile without the row-sum columns]: the columns FA4's seam (patch 0002) gives O's shared tile and
+        # TMA store, and this epilogue; None: FA4's, the P.V GEMM's.
+        self.o_columns = head_dim if stage.o_store == "head_dim" and head_dim_v != head_dim else None
 
     def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
         if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
@@ -232,17 +250,24 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             atom_layout_mnk=(self.tile_m // 64, 1, 1),
             tiler_mn=(64, self.tile_n),
         )
-        tiled_mma_pv = sm90_utils_basic.make_trivial_tiled_mma(
+        return tiled_mma_qk, self._tiled_mma_pv(self.tile_hdimv)
+
+    def o_store_columns(self) -> int:
+        return self.tile_hdimv if self.o_columns is None else self.o_columns
+
+    def _tiled_mma_pv(self, columns: int):
+        """The P.V GEMM's tiled MMA over `columns` of O (the epilogue's, at head_dim: Note [O's tile without the
+        row-sum columns])."""
+        return sm90_utils_basic.make_trivial_tiled_mma(
             self.operand_dtype,
             self.operand_dtype,
             warpgroup.OperandMajorMode.K,
             warpgroup.OperandMajorMode.K,
             Float32,
             atom_layout_mnk=(self.tile_m // 64, 1, 1),
-            tiler_mn=(64, self.tile_hdimv),
+            tiler_mn=(64, columns),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        return tiled_mma_qk, tiled_mma_pv
 
     def _get_shared_storage_cls(self):
         # FA4 rescales O before the PV GEMM when head_dim_v > 128 (register pressure at head dim 192/256); the 8
@@ -286,6 +311,43 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             sP: sP_struct
 
         return SharedStorageFp8
+
+    @cute.jit
+    def epilogue(
+        self,
+        acc_O: cute.Tensor,
+        lse: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        sO: cute.Tensor,
+        seqlen,
+        gmem_tiled_copy_O: cute.TiledCopy,
+        tma_atom_O: Optional[cute.CopyAtom],
+        tiled_mma: cute.TiledMma,
+        tidx: Int32,
+        m_block: Int32,
+        head_idx: Int32,
+        batch_idx: Int32,
+    ):
+        """FA4's epilogue; with `o_columns` set, on O's head_dim columns alone (Note [O's tile without the row-sum
+        columns])."""
+        if const_expr(self.o_columns is None):
+            super().epilogue(
+                acc_O, lse, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, tma_atom_O, tiled_mma, tidx, m_block, head_idx,
+                batch_idx,
+            )  # fmt: skip
+        else:
+            tiled_mma_o = self._tiled_mma_pv(self.o_columns)
+            thr_mma_o = tiled_mma_o.get_slice(tidx)
+            acc_O_head = cute.make_tensor(
+                acc_O.iterator, cute.make_layout(thr_mma_o.partition_shape_C((self.tile_m, self.o_columns)))
+            )
+            pv_columns, self.tile_hdimv = self.tile_hdimv, self.o_columns
+            super().epilogue(
+                acc_O_head, lse, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, tma_atom_O, tiled_mma_o, tidx, m_block,
+                head_idx, batch_idx,
+            )  # fmt: skip
+            self.tile_hdimv = pv_columns
 
     @cute.jit
     def load(
