@@ -117,8 +117,8 @@ case "$STEP" in
     timeout 500 python3 -m bench --fp8-accuracy --out "$OUT" --name h200_fp8_accuracy > "$OUT/accuracy.log" 2>&1
     echo "accuracy study: exit status $?"; tail -3 "$OUT/accuracy.log" ;;
   ostore)
-    timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "o_without_the_row_sum_columns" \
-      > "$OUT/pytest_o_store.log" 2>&1; tail -2 "$OUT/pytest_o_store.log"
+    timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_fp8_sm90_varlen.py \
+      -k "o_without_the_row_sum_columns or bit_for_bit" > "$OUT/pytest_o_store.log" 2>&1; tail -2 "$OUT/pytest_o_store.log"
     python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 4 --out "$OUT" --name h200_fp8_o_store \
       --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_exact_two_level fa4_fp8_h15_two_level '*_o_head_dim' \
       > "$OUT/bench.log" 2>&1
