@@ -67,31 +67,42 @@ for _mode, _mean, _errors in (
     H200.update({(_mode, "two_level", _mean, n): e for n, e in zip((2048, 8192, 32768, 131072), _errors)})
 # V mean 0, single-level: published as a range over 2K-128K only (issue 22: ours exact 2.5-3.0, H15 9-11).
 H200_RANGE = {("exact", "single", 0.0): (2.5, 3.0), ("rowmax_h15", "single", 0.0): (9.0, 11.0)}
+
+
 # Two-level at tile 256, the tuned default at head dim 128 (no overlap, MMA row sum; H15 clamp by saturation):
 # tests/test_fp8_sm90_long_rows.py on the H200, same problem (bench/results/h200_2026-12-02_s8/call3/
 # long_rows_d128.log, non-causal rows).
-H200_N256 = {}
-for _mode, _mean, _errors in (
-    ("exact", 1.0, (0.200, 0.187, 0.190, 0.156)),
-    ("rowmax_h15", 1.0, (0.286, 0.211, 0.192, 0.151)),
-    ("exact", 0.25, (0.293, 0.214, 0.189, 0.173)),
-    ("rowmax_h15", 0.25, (0.908, 0.511, 0.311, 0.217)),
-    ("exact", 0.0, (2.49, 2.63, 2.98, 2.93)),
-    ("rowmax_h15", 0.0, (9.50, 10.4, 12.25, 12.26)),
-):
-    H200_N256.update({(_mode, "two_level", _mean, n): e for n, e in zip((2048, 8192, 32768, 131072), _errors)})
+def two_level_table(rows) -> dict:
+    """(mode, "two_level", V mean, keys) -> percent, from (mode, V mean, percents at 2K / 8K / 32K / 128K) rows."""
+    return {
+        (mode, "two_level", mean, keys): error
+        for mode, mean, errors in rows
+        for keys, error in zip((2048, 8192, 32768, 131072), errors)
+    }
+
+
+H200_N256 = two_level_table(
+    (
+        ("exact", 1.0, (0.200, 0.187, 0.190, 0.156)),
+        ("rowmax_h15", 1.0, (0.286, 0.211, 0.192, 0.151)),
+        ("exact", 0.25, (0.293, 0.214, 0.189, 0.173)),
+        ("rowmax_h15", 0.25, (0.908, 0.511, 0.311, 0.217)),
+        ("exact", 0.0, (2.49, 2.63, 2.98, 2.93)),
+        ("rowmax_h15", 0.0, (9.50, 10.4, 12.25, 12.26)),
+    )
+)
 # Tile 160: today's head-dim-128 non-causal defaults (three consumer warpgroups, MMA row sum) through
 # flash_attn_func, bench/results/h200_2026-12-03_s13/accuracy/ (thirteenth session).
-H200_N160 = {}
-for _mode, _mean, _errors in (
-    ("exact", 1.0, (0.186, 0.177, 0.178, 0.154)),
-    ("rowmax_h15", 1.0, (0.283, 0.211, 0.188, 0.157)),
-    ("exact", 0.25, (0.290, 0.214, 0.189, 0.176)),
-    ("rowmax_h15", 0.25, (0.898, 0.510, 0.312, 0.220)),
-    ("exact", 0.0, (2.53, 2.77, 2.81, 3.04)),
-    ("rowmax_h15", 0.0, (9.62, 10.9, 11.5, 12.8)),
-):
-    H200_N160.update({(_mode, "two_level", _mean, n): e for n, e in zip((2048, 8192, 32768, 131072), _errors)})
+H200_N160 = two_level_table(
+    (
+        ("exact", 1.0, (0.186, 0.177, 0.178, 0.154)),
+        ("rowmax_h15", 1.0, (0.283, 0.211, 0.188, 0.157)),
+        ("exact", 0.25, (0.290, 0.214, 0.189, 0.176)),
+        ("rowmax_h15", 0.25, (0.898, 0.510, 0.312, 0.220)),
+        ("exact", 0.0, (2.53, 2.77, 2.81, 3.04)),
+        ("rowmax_h15", 0.0, (9.62, 10.9, 11.5, 12.8)),
+    )
+)
 H200_BY_TILE = {128: (H200, H200_RANGE), 160: (H200_N160, {}), 256: (H200_N256, {})}
 # (V mean, keys, queries on the CPU)
 CASES = tuple(
