@@ -206,11 +206,11 @@ FP8_ROUND_ROBIN = {
     for name in ("fa4_fp8_h15_sat_mma_m192_n128", "fa4_fp8_h15_sat_mma_m192_n160", "fa4_fp8_exact_mma_m192_n160")
     for suffix, extra in (("_sb", {}), ("_sb_arrive", {"arrive_after_pv": True}))
 }
-# The tuned defaults with O's tile at head_dim columns (`o_store`, Note [O's tile without the row-sum columns]),
-# beside `fa4_fp8_exact_two_level` / `fa4_fp8_h15_two_level` (the same direct call at the defaults without it);
-# opt-in rows (`--kernels '*_o_head_dim'`).
+# The tuned defaults with O's tile at the P.V GEMM's columns, the row-sum columns included (`o_store="pv_columns"`,
+# Note [O's tile without the row-sum columns]), beside `fa4_fp8_exact_two_level` / `fa4_fp8_h15_two_level` (the same
+# direct call at the defaults, which store head_dim columns); opt-in rows (`--kernels '*_o_pv_columns'`).
 FP8_O_STORE = {
-    f"fa4_fp8_{name}_o_head_dim": {"softmax_mode": mode, "o_store": "head_dim"}
+    f"fa4_fp8_{name}_o_pv_columns": {"softmax_mode": mode, "o_store": "pv_columns"}
     for name, mode in (("exact", "exact"), ("h15", "rowmax_h15"))
 }
 # The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
@@ -767,8 +767,14 @@ def fp8_sm90_accepted_knobs(fn: Callable) -> set[str]:
 
 def fp8_stock_structure(softmax_mode: str) -> dict:
     """The FP8 forward's structural knobs at their config.STAGE_KNOBS defaults (tile 128, overlapped step, FADD
-    row sum; the FMNMX clamp for rowmax_h15)."""
-    stock = {"tile_n": 128, "intra_wg_overlap": True, "row_sum": "fadd"}
+    row sum, no scheduler barrier, O stored at the P.V GEMM's columns; the FMNMX clamp for rowmax_h15)."""
+    stock = {
+        "tile_n": 128,
+        "intra_wg_overlap": True,
+        "row_sum": "fadd",
+        "scheduler_barrier": False,
+        "o_store": "pv_columns",
+    }
     return {**stock, "clamp": "max"} if softmax_mode == "rowmax_h15" else stock
 
 

@@ -101,21 +101,23 @@ class KernelConfig:
 # [Scheduler window after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level
 # accumulation (a single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor
 # (clamp="sat" requires it).
-_H15_M192 = dict(clamp="sat", row_sum="mma", tile_n=160, intra_wg_overlap=False)
-_H15_M128 = dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False)
-_EXACT_M128 = dict(row_sum="mma", tile_n=256, intra_wg_overlap=False)
+_H15_M192 = dict(clamp="sat", row_sum="mma", tile_n=160, intra_wg_overlap=False, o_store="head_dim")
+_H15_M128 = dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, o_store="head_dim")
+_EXACT_M128 = dict(row_sum="mma", tile_n=256, intra_wg_overlap=False, o_store="head_dim")
+_EXACT_M192 = dict(row_sum="mma", tile_n=160, intra_wg_overlap=False, o_store="head_dim")
+_EXACT_M192_ROUND_ROBIN = dict(_EXACT_M192, scheduler_barrier=True)
 TUNED_DEFAULTS = {  # (mode, head_dim, causal) -> {tile_m: the knobs at that tile_m}
     ("rowmax_h15", 128, False): {192: _H15_M192, 128: _H15_M128},
     ("rowmax_h15", 128, True): {192: _H15_M192, 128: _H15_M128},
-    ("rowmax_h15", 64, False): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192)},
-    ("rowmax_h15", 64, True): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192)},
-    ("exact", 128, False): {192: dict(row_sum="mma", tile_n=160, intra_wg_overlap=False), 128: _EXACT_M128},
-    ("exact", 128, True): {192: dict(row_sum="mma", tile_n=160, intra_wg_overlap=False), 128: _EXACT_M128},
+    ("rowmax_h15", 64, False): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim")},
+    ("rowmax_h15", 64, True): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim")},
+    ("exact", 128, False): {192: _EXACT_M192, 128: _EXACT_M128},
+    ("exact", 128, True): {192: _EXACT_M192, 128: _EXACT_M128},
     ("exact", 64, False): {
-        192: dict(row_sum="mma", tile_n=128, intra_wg_overlap=False),
-        128: dict(row_sum="mma", tile_n=192, intra_wg_overlap=False),
+        192: _EXACT_M192_ROUND_ROBIN,
+        128: dict(row_sum="mma", tile_n=192, intra_wg_overlap=False, o_store="head_dim"),
     },
-    ("exact", 64, True): {192: dict(row_sum="mma", tile_n=128, intra_wg_overlap=False), 128: {}},
+    ("exact", 64, True): {192: _EXACT_M192_ROUND_ROBIN, 128: {}},
 }
 TUNED_TILE_M = {
     ("rowmax_h15", 128, False): 192,

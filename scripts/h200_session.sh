@@ -19,9 +19,10 @@
 #                                                 # every peer: the README's accuracy table (~1 minute)
 #   bash scripts/h200_session.sh peers OUT        # flash_attn_func's defaults beside FA3-FP8, vLLM's FA3 and cuDNN's FP8,
 #                                                 # 2K-32K, head dim 128 and 64: the README's speed table (~2 minutes)
-#   bash scripts/h200_session.sh ostore OUT       # O's tile without the row-sum columns (o_store="head_dim"): its GPU
-#                                                 # bit-identity test, then the defaults with and without it beside
-#                                                 # FA3-FP8, 2K-32K (~4 minutes; docs/fp8_sm90.md has the prediction)
+#   bash scripts/h200_session.sh ostore OUT       # O's tile with and without the row-sum columns (o_store): its GPU
+#                                                 # bit-identity tests, then the defaults (head_dim columns) beside
+#                                                 # o_store="pv_columns" and the exact twin's earlier head-dim-64 entry
+#                                                 # (tile 128, no barrier), with FA3-FP8, 2K-32K (~6 minutes)
 #   bash scripts/h200_session.sh kvstages OUT     # the GPU tests of tile_m and kv_stages, then the kv_stages rows
 #                                                 # beside the defaults and tile_m=192 at two stages, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
@@ -120,7 +121,7 @@ case "$STEP" in
     timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py tests/test_fp8_sm90_varlen.py \
       -k "o_without_the_row_sum_columns or bit_for_bit" > "$OUT/pytest_o_store.log" 2>&1; tail -2 "$OUT/pytest_o_store.log"
     python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 4 --out "$OUT" --name h200_fp8_o_store \
-      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_exact_two_level fa4_fp8_h15_two_level '*_o_head_dim' \
+      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 '*_o_pv_columns' fa4_fp8_exact_mma_m192_n128 \
       > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/bench.log" ;;
   peers)

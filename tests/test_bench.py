@@ -644,6 +644,8 @@ def test_fp8_kernel_rows_and_support_rules():
         "intra_wg_overlap": True,
         "row_sum": "fadd",
         "clamp": "max",
+        "scheduler_barrier": False,
+        "o_store": "pv_columns",
     }
     assert "fa4_fp8_h15_t0_n128" in FP8_MAP_KERNELS and dict(KERNELS["fa4_fp8_exact_n224"].knobs)["tile_n"] == 224
     assert dict(KERNELS["fa4_fp8_exact_n192_b0.25"].knobs) == {
@@ -652,6 +654,8 @@ def test_fp8_kernel_rows_and_support_rules():
         "beta": 0.25,
         "intra_wg_overlap": True,
         "row_sum": "fadd",
+        "scheduler_barrier": False,
+        "o_store": "pv_columns",
     }
     assert "fa4_fp8_exact_n192_b0.125" in FP8_LEVERS and KERNELS["fa4_fp8_exact_n192_b0.125"].checked
     assert dict(KERNELS["fa4_fp8_h15_fold_vote_mma"].knobs) == {
@@ -663,6 +667,8 @@ def test_fp8_kernel_rows_and_support_rules():
         "tile_n": 128,
         "intra_wg_overlap": True,
         "clamp": "max",
+        "scheduler_barrier": False,
+        "o_store": "pv_columns",
     }
     # the vote skips single-level accumulation's O rescale: every vote row asks for it
     assert all(
