@@ -213,6 +213,13 @@ FP8_O_STORE = {
     f"fa4_fp8_{name}_o_pv_columns": {"softmax_mode": mode, "o_store": "pv_columns"}
     for name, mode in (("exact", "exact"), ("h15", "rowmax_h15"))
 }
+# The tuned defaults at each tiling (Note [Tuned defaults]: tile_m passed takes that tile_m's entry, every other
+# knob tuned), to re-decide TUNED_TILE_M per head dim and mask; opt-in rows (`--kernels '*_tuned_m*'`).
+FP8_TUNED_TILE_M = {
+    f"fa4_fp8_{name}_tuned_m{tile_m}": {"softmax_mode": mode, "tile_m": tile_m}
+    for name, mode in (("exact", "exact"), ("h15", "rowmax_h15"))
+    for tile_m in (128, 192)  # fa4_rowmax.config.FP8_TILE_MS
+}
 # The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
 FP8_PROBE_M192 = {
     "softmax_mode": "exact",
@@ -1018,6 +1025,7 @@ def _fp8_specs() -> list[KernelSpec]:
         for accumulation in FP8_PV_ACCUMULATIONS
     ]
     variants += list(FP8_O_STORE.items())
+    variants += list(FP8_TUNED_TILE_M.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(

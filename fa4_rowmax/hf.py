@@ -71,10 +71,8 @@ KERNEL_PREFIX = "kernel_"
 # The simulator runs at the kernel's tile_n for the call's head dim and mask (Note [Tuned defaults] picks it per
 # call, and only for two-level; `simulator_config`): the per-tile running max, which anchors P's e4m3 rounding
 # and H15's lattice, moves at tile boundaries, so a reference at another tile would compute a different function.
-# Where two twins' simulators are one function (same config and tile) the study scores it once (study.py,
-# Note [One simulator for twins]). One difference stays:
-# with row_sum="mma" (every tuned two-level configuration) the kernel's row sum adds P after its e4m3 rounding,
-# the reference's before.
+# One difference stays: with row_sum="mma" (every tuned two-level configuration) the kernel's row sum adds P after
+# its e4m3 rounding, the reference's before.
 E4M3_MAX = 448.0
 E4M3_TINY = 2.0**-6  # smallest normal
 

@@ -23,6 +23,8 @@
 #                                                 # bit-identity tests, then the defaults (head_dim columns) beside
 #                                                 # o_store="pv_columns" and the exact twin's earlier head-dim-64 entry
 #                                                 # (tile 128, no barrier), with FA3-FP8, 2K-32K (~6 minutes)
+#   bash scripts/h200_session.sh tunedtilem OUT   # the defaults at tile_m 128 and 192 (each tiling's tuned entry) beside
+#                                                 # flash_attn_func's and FA3-FP8, 2K-32K (~2 minutes)
 #   bash scripts/h200_session.sh kvstages OUT     # the GPU tests of tile_m and kv_stages, then the kv_stages rows
 #                                                 # beside the defaults and tile_m=192 at two stages, 8K-32K
 #   bash scripts/h200_session.sh aiter OUT        # aiter_fused kernel tests, numerics --quick
@@ -123,6 +125,10 @@ case "$STEP" in
     python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 4 --out "$OUT" --name h200_fp8_o_store \
       --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 '*_o_pv_columns' fa4_fp8_exact_mma_m192_n128 \
       > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/bench.log" ;;
+  tunedtilem)
+    python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 4 --out "$OUT" --name h200_fp8_tuned_tile_m \
+      --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 '*_tuned_m*' > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/bench.log" ;;
   peers)
     vllm_fa3_library

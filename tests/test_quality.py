@@ -404,34 +404,6 @@ def test_baseline_in_query_chunks_is_sdpa(monkeypatch):
         )
 
 
-def test_twins_with_one_simulator_are_scored_once(monkeypatch):
-    """Note [One simulator for twins]: at head dim 64, causal, the exact FP8 twin's kernels both run 128-key tiles,
-    so its two simulators are scored once per block, with the result a run of its own gives; the H15 twins' kernels
-    run 192 and 128 (Note [P.V accumulation in the study]), so theirs are two runs."""
-    model, tokens = _tiny_llama(512)
-    workload, blocks = Workload(model, tokens, {}), tokens.view(2, 256)
-    runs = [study.Run(f"sim_bf16in_{m}", m, "reference", torch.bfloat16) for m in study.FP8_ACCUMULATION_MODES]
-    stock_score, attentions = stats.score_block, []
-
-    def recorded(model, block, attention):
-        attentions.append(attention)
-        return stock_score(model, block, attention)
-
-    monkeypatch.setattr(study, "score_block", recorded)
-    together = study.run_study(workload, blocks, runs, log=lambda *_: None)["runs"]
-    assert attentions == 2 * [
-        "sdpa_query_chunks",
-        "exact_fp8_ksmooth",
-        "rowmax_h15_fp8_ksmooth",
-        "rowmax_h15_fp8_ksmooth_single_acc",
-    ]
-    alone = study.run_study(workload, blocks, [runs[1]], log=lambda *_: None)["runs"][runs[1].name]
-    for key in ("per_block_delta_nll", "per_block_kl_nats", "per_block_top1_agreement", "counters"):
-        assert together[runs[1].name][key] == together[runs[0].name][key] == alone[key], key
-    h15, h15_single = (together[r.name]["per_block_kl_nats"] for r in runs[2:])
-    assert h15 != h15_single
-
-
 def test_baps_restart_study_reference_reading_lengths_and_budget():
     # The long-context options: the reference reading alone gives the same rows as in the full set, only the
     # lengths asked for are counted, and a budget spent by the first block stops the study after it.

@@ -158,25 +158,6 @@ def _resumed_state(runs: list[Run], previous: dict | None) -> tuple[dict, dict, 
     return per_run, kernel_vs_sim_agree, meta["num_blocks"], meta["baseline_seconds_per_block"] * meta["num_blocks"]
 
 
-# Note [One simulator for twins]
-# A single-level FP8 twin and its two-level mode have one reference config (Note [P.V accumulation in the study]
-# in fa4_rowmax/hf.py); where the kernels' tiles agree too (the exact twin at Qwen2.5-0.5B's head dim 64, causal:
-# tile 128 both), their simulator runs compute one function of one block. `run_study` scores it once per block and
-# records the result under both run names (its seconds under the first), which at 32K-token blocks saves a run
-# that costs more than all the kernel runs together. The identity is everything the reference backend reads: the
-# per-layer config at the model's head dim (causal: the study's models are decoders), the FP8 input flags and the
-# reference's input dtype.
-def simulator_identity(run: Run, model: torch.nn.Module) -> tuple | None:
-    """What determines `run`'s scores on a block when it is a reference run (None for a kernel run)."""
-    if run.backend != "reference":
-        return None
-    spec, config = MODES[run.mode], model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    layers = config.num_hidden_layers
-    configs = tuple(hf.simulator_config(spec, i, layers, head_dim, True) for i in range(layers))
-    return configs, spec.fp8_inputs, spec.fp8_k_smoothing, run.reference_input_dtype
-
-
 def run_study(
     workload: Workload,
     blocks: torch.Tensor,
@@ -201,7 +182,6 @@ def run_study(
         hf.register(sorted({r.mode for r in runs if r.backend == backend}), backend=backend, table=MODES)
     baseline_attention = baseline.register()
     state = hf.attach(model)
-    identities = {run.name: simulator_identity(run, model) for run in runs}
     per_run, kernel_vs_sim_agree, first_block, baseline_seconds = _resumed_state(runs, previous)
     if first_block < len(blocks):
         for run in runs:
@@ -220,29 +200,23 @@ def run_study(
         base = score_block(model, block, baseline_attention)
         base_seconds = time.perf_counter() - t0
         baseline_seconds += base_seconds
-        top1_of, scored = {}, {}  # scored: simulator identity -> this block's result (Note [One simulator for twins])
+        top1_of = {}
         for run in runs:
-            identity = identities[run.name]
             record = per_run[run.name]
-            if identity is not None and identity in scored:
-                result = scored[identity]
-            else:
-                state.reference_input_dtype = run.reference_input_dtype
-                state.tally.reset()
-                t0 = time.perf_counter()
-                scores = score_block(model, block, hf.attention_name(run.mode, run.backend))
-                record["seconds"] += time.perf_counter() - t0
-                result = dict(
-                    delta=float(scores.nll.mean() - base.nll.mean()),
-                    agree=float((scores.top1 == base.top1).double().mean()),
-                    kl=mean_kl(base, scores),
-                    top1=scores.top1,
-                    totals=dict(state.tally.totals),
-                    maxima=dict(state.tally.maxima),
-                )
-                del scores  # a 32K-token block's log-probabilities are 20 GB
-                if identity is not None:
-                    scored[identity] = result
+            state.reference_input_dtype = run.reference_input_dtype
+            state.tally.reset()
+            t0 = time.perf_counter()
+            scores = score_block(model, block, hf.attention_name(run.mode, run.backend))
+            record["seconds"] += time.perf_counter() - t0
+            result = dict(
+                delta=float(scores.nll.mean() - base.nll.mean()),
+                agree=float((scores.top1 == base.top1).double().mean()),
+                kl=mean_kl(base, scores),
+                top1=scores.top1,
+                totals=dict(state.tally.totals),
+                maxima=dict(state.tally.maxima),
+            )
+            del scores  # a 32K-token block's log-probabilities are 20 GB
             for key in ("delta", "agree", "kl"):
                 record[key].append(result[key])
             for name, value in result["totals"].items():
