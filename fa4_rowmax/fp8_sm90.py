@@ -82,21 +82,25 @@ class KernelConfig:
 # accuracy contract: tests/test_fp8_sm90_long_rows.py), per softmax mode, head dim and mask: the geometric mean
 # of the speed-up over FA3-FP8 across the lengths, MHA and GQA (`python -m bench --fp8`; head dim 64 and tile 128
 # to 224 from 2K-32K, bench/results/h200_2026-12-02_s6/bench_fp8/; tile 256 and the scheduler hand-over from
-# 8K-32K, bench/results/h200_2026-12-02_s8/; three consumer warpgroups at 8K-32K, two runs,
-# bench/results/h200_2026-12-03_s12/).
-# - Rowmax-H15 takes the clamp by saturation and the MMA row sum (same values as the FMNMX clamp; the row sum of
-#   exactly the P that enters the MMA). At head dim 128 non-causal and head dim 64 causal three consumer warpgroups
-#   at tile 160 (tile_m 192, Note [Three consumer warpgroups]) run 2 % ahead of two; at head dim 128 causal two
-#   warpgroups at tile 256 without intra-warpgroup overlap (without overlap S and the second accumulator are never
-#   live together, so the largest wgmma N fits: Note [Two-level P.V accumulation]) stay 1 % ahead, and at head
-#   dim 64 non-causal tile 192 with overlap 2 %.
-# - The exact twin, bound by the MUFU, takes the MMA row sum; three warpgroups at tile 128 gain 10-16 % at head dim
-#   64 (one run) and at tile 160 2 % at head dim 128 non-causal; at head dim 128 causal the two agree within
-#   0.5 % and two warpgroups at tile 256 without overlap stay.
-# TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster. A call whose own knobs exclude three
-# warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup entry; a call
-# that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the three-warpgroup one, and
-# one that passes kv_stages the faster entry whose shared memory holds them.
+# 8K-32K, bench/results/h200_2026-12-02_s8/; three consumer warpgroups at 8K-32K, bench/results/h200_2026-12-03_s12/;
+# the round-robin barrier, bench/results/h200_2026-12-03_s13/; O's store and each tiling's entry at 2K-32K, two runs,
+# bench/results/h200_2026-12-03_s14/).
+# - Every entry takes the MMA row sum and stores O's head_dim columns alone (o_store="head_dim", Note [O's tile
+#   without the row-sum columns]): 2-12 % faster than storing the row-sum columns too, most at 2K-8K.
+# - Rowmax-H15 takes the clamp by saturation (same values as the FMNMX clamp). At head dim 128 non-causal three
+#   consumer warpgroups at tile 160 (tile_m 192, Note [Three consumer warpgroups]) run up to 2 % ahead of two; at
+#   head dim 128 causal and head dim 64 two warpgroups stay ahead, at tile 256 without intra-warpgroup overlap
+#   (head dim 128: without overlap S and the second accumulator are never live together, so the largest wgmma N
+#   fits: Note [Two-level P.V accumulation]) and at tile 192 with overlap (head dim 64).
+# - The exact twin, bound by the MUFU: three warpgroups at tile 160 at head dim 128 non-causal; two at tile 256
+#   without overlap at head dim 128 causal; at head dim 64 three at tile 160 under FA4's round-robin scheduler
+#   barrier (3-16 % over no barrier there: the round-robin staggers the warpgroups' exponentials).
+# - Causal calls whose GQA packs a 192-row tile to few positions take three warpgroups (Note [Causal tiles that
+#   pack GQA]).
+# TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
+# exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
+# entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the
+# three-warpgroup one, and one that passes kv_stages the faster entry whose shared memory holds them.
 # Both keep FA4's scheduler hand-over (`arrive_after_pv` pays only where the softmax fits beside one GEMM: Note
 # [Scheduler window after the P.V GEMM]). A knob the caller passes wins, the table applies only to two-level
 # accumulation (a single-level call keeps config.STAGE_KNOBS' defaults), and the clamp only with the exact anchor
@@ -123,12 +127,37 @@ TUNED_TILE_M = {
     ("rowmax_h15", 128, False): 192,
     ("rowmax_h15", 128, True): 128,
     ("rowmax_h15", 64, False): 128,
-    ("rowmax_h15", 64, True): 192,
+    ("rowmax_h15", 64, True): 128,
     ("exact", 128, False): 192,
     ("exact", 128, True): 128,
     ("exact", 64, False): 192,
     ("exact", 64, True): 192,
 }
+
+
+# Note [Causal tiles that pack GQA]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# TUNED_TILE_M is the faster tiling where a Q tile holds one head's consecutive positions. Under a causal mask a
+# call whose Q heads per KV head pack a 192-row tile (Note [GQA packing on FP8]) to at most 64 positions (ratio 3,
+# 4, 6, 8, ...) takes three consumer warpgroups at every head dim: on the H200, two runs at 2K-32K with 16/4 heads
+# (bench/results/h200_2026-12-03_s14/tuned_tile_m/), tile_m 192 ran H15 1.07-1.16x FA3-FP8 against tile_m 128's
+# 0.98-1.12x at head dim 128 and the exact twin 0.96-1.05x against 0.89-1.01x, while with 16/16 heads tile_m 128
+# stays ahead (H15 1.04x against 0.99x at 4K). A reading, not measured apart: a packed tile's rows sit at
+# 192/ratio positions, so fewer of its KV tiles cross the diagonal (masked, partly wasted: (positions + tile_n) /
+# tile_n of them, 2.2 at 192 unpacked positions and tile 160, 1.3 at 48) and three warpgroups keep their per-key
+# lead. Ratios 2 (96 positions) and those that do not divide 192 (Qwen2.5-0.5B's 7) keep TUNED_TILE_M; only
+# ratio 4 is measured.
+PACKED_CAUSAL_MAX_POSITIONS = 64
+
+
+def faster_tile_m(key, qhead_per_kvhead: int = 1) -> int:
+    """The tiling Note [Tuned defaults] gives a call of this (mode, head_dim, causal) and GQA ratio when no knob
+    decides it (Note [Causal tiles that pack GQA])."""
+    _, _, causal = key
+    ratio = qhead_per_kvhead
+    if causal and ratio > 1 and 192 % ratio == 0 and 192 // ratio <= PACKED_CAUSAL_MAX_POSITIONS:
+        return 192
+    return TUNED_TILE_M[key]
 
 
 def _admits_three_warpgroups(stage: SoftmaxStage, explicit) -> bool:
@@ -140,7 +169,7 @@ def _admits_three_warpgroups(stage: SoftmaxStage, explicit) -> bool:
     )
 
 
-def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> dict:
+def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhead_per_kvhead: int = 1) -> dict:
     """Note [Tuned defaults] for the knobs not named in `explicit` (the knobs the caller passed), tile_m included."""
     key = (stage.mode, head_dim, causal)
     if key not in TUNED_DEFAULTS:  # refused later, by name (SoftmaxStage.for_kernel, the head-dim check)
@@ -160,7 +189,7 @@ def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> d
     elif not _admits_three_warpgroups(stage, explicit):
         tile_m = 128
     else:
-        faster = TUNED_TILE_M[key]
+        faster = faster_tile_m(key, qhead_per_kvhead)
         tile_m = faster
         if "kv_stages" in explicit and not _fits(stage, head_dim, faster, explicit, key):
             other = 128 if faster == 192 else 192
@@ -179,11 +208,12 @@ def _fits(stage: SoftmaxStage, head_dim: int, tile_m: int, explicit, key) -> boo
     return need <= SMEM_PER_BLOCK
 
 
-def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> SoftmaxStage:
-    """`stage` with Note [Tuned defaults] in every knob not named in `explicit` (the knobs the caller passed)."""
+def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhead_per_kvhead: int = 1) -> SoftmaxStage:
+    """`stage` with Note [Tuned defaults] in every knob not named in `explicit` (the knobs the caller passed), for a
+    call with `qhead_per_kvhead` Q heads per KV head."""
     if stage.pv_accumulation != "two_level":
         return stage
-    tuned = tuned_knobs(stage, head_dim, causal, explicit)
+    tuned = tuned_knobs(stage, head_dim, causal, explicit, qhead_per_kvhead)
     if stage.anchor_rounding != "exact":
         tuned.pop("clamp", None)
     if stage.exp2_deleted:
@@ -191,12 +221,20 @@ def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit) -> S
     return replace(stage, **tuned)
 
 
-def call_stage(softmax_mode: str, head_dim: int, causal: bool, rescale_threshold=None, beta=None, **knobs):
+def call_stage(
+    softmax_mode: str,
+    head_dim: int,
+    causal: bool,
+    rescale_threshold=None,
+    beta=None,
+    qhead_per_kvhead: int = 1,
+    **knobs,
+):
     """The unresolved stage `flash_attn_fp8_sm90(..., softmax_mode, rescale_threshold, beta, **knobs)` compiles for
-    this head dim and mask: the caller's knobs, Note [Tuned defaults] for the rest (for the reference's configs and
-    the tests)."""
+    this head dim, mask and GQA ratio: the caller's knobs, Note [Tuned defaults] for the rest (for the reference's
+    configs and the tests)."""
     stage = softmax_stage(softmax_mode, rescale_threshold, beta, **knobs) or SoftmaxStage()
-    return tuned_stage(stage, head_dim, causal, frozenset(knobs))
+    return tuned_stage(stage, head_dim, causal, frozenset(knobs), qhead_per_kvhead)
 
 
 _LAYOUTS = {4: "(batch, seqlen, heads, head_dim)", 3: "(total, heads, head_dim) with cu_seqlens (varlen)"}
@@ -558,7 +596,7 @@ def _forward(
         if buffer is not None:
             _check_caller_buffer(name, buffer, shape, dtype, q.device)
     features = dict(features or {}, **varlen_args, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)))
-    stage = tuned_stage(stage, head_dim, causal, explicit)
+    stage = tuned_stage(stage, head_dim, causal, explicit, heads_q // heads_kv)
     stage = stage.for_kernel(arch=90, q_dtype=q.dtype, features=features)
     check_shared_memory(stage, head_dim)
     if stage.row_sum == "mma" and stage.pv_accumulation == "single" and total_k > MMA_ROW_SUM_MAX_KEYS:

@@ -68,9 +68,10 @@ KERNEL_PREFIX = "kernel_"
 # twins single-level (the running O as the FP8 MMA's accumulator). The reference has no such knob: its P.V sums
 # in fp32, which is what two-level promises, so a single-level twin has the same reference config as its
 # two-level twin, and its kernel-minus-simulator gap is the accumulator's cost.
-# The simulator runs at the kernel's tile_n for the call's head dim and mask (Note [Tuned defaults] picks it per
-# call, and only for two-level; `simulator_config`): the per-tile running max, which anchors P's e4m3 rounding
-# and H15's lattice, moves at tile boundaries, so a reference at another tile would compute a different function.
+# The simulator runs at the kernel's tile_n for the call's head dim, mask and GQA ratio (Note [Tuned defaults]
+# picks it per call, and only for two-level; `simulator_config`): the per-tile running max, which anchors P's e4m3
+# rounding and H15's lattice, moves at tile boundaries, so a reference at another tile would compute a different
+# function.
 # One difference stays: with row_sum="mma" (every tuned two-level configuration) the kernel's row sum adds P after
 # its e4m3 rounding, the reference's before.
 E4M3_MAX = 448.0
@@ -154,15 +155,18 @@ def _fp8_sm90_kernel(spec: ModeSpec):
     return call
 
 
-def simulator_config(spec: ModeSpec, layer_idx: int, num_layers: int, head_dim: int, causal: bool) -> SoftmaxConfig:
+def simulator_config(
+    spec: ModeSpec, layer_idx: int, num_layers: int, head_dim: int, causal: bool, qhead_per_kvhead: int = 1
+) -> SoftmaxConfig:
     """The reference's config for `spec` in this layer; for an FP8 mode at the tile_n its kernel compiles for this
-    head dim and mask (Note [P.V accumulation in the study])."""
+    head dim, mask and GQA ratio (Note [P.V accumulation in the study])."""
     config = spec.config(layer_idx, num_layers)
     if spec.kernel != "fp8_sm90":
         return config
     from fa4_rowmax.fp8_sm90 import call_stage
 
-    return replace(config, tile_n=call_stage(head_dim=head_dim, causal=causal, **spec.kernel_kwargs).tile_n)
+    stage = call_stage(head_dim=head_dim, causal=causal, qhead_per_kvhead=qhead_per_kvhead, **spec.kernel_kwargs)
+    return replace(config, tile_n=stage.tile_n)
 
 
 def _fp8_mode(
@@ -432,7 +436,8 @@ def _reference_backend(spec: ModeSpec):
     from fa4_rowmax.reference.attention import attention_reference
 
     def run(module, q, k, v, causal: bool, scale: float, state: AttentionRunState | None):
-        config = simulator_config(spec, module.layer_idx, module.config.num_hidden_layers, q.shape[-1], causal)
+        layers, ratio = module.config.num_hidden_layers, q.shape[2] // k.shape[2]
+        config = simulator_config(spec, module.layer_idx, layers, q.shape[-1], causal, ratio)
         in_dtype = state.reference_input_dtype if state is not None else None
         out_dtype = q.dtype
         if in_dtype is not None:

@@ -34,7 +34,12 @@ def _check_against_reference(q, k, v, causal, mode, descales=None, **levers):
     from fa4_rowmax.reference.attention import attention_reference
 
     stage = call_stage(
-        mode, q.shape[-1], causal, beta=levers.get("beta"), **{n: x for n, x in levers.items() if n != "beta"}
+        mode,
+        q.shape[-1],
+        causal,
+        beta=levers.get("beta"),
+        qhead_per_kvhead=q.shape[2] // k.shape[2],
+        **{n: x for n, x in levers.items() if n != "beta"},
     )
     poison_allocator()
     dq, dk, dv = descales if descales is not None else (None, None, None)

@@ -68,11 +68,13 @@ def _relative_error(keys: int, v_mean: float, causal: bool, head_dim: int = 128,
     return float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref))
 
 
-# The call with no lever at head dims 128 and 64 (Note [Tuned defaults]: tile 256 without intra-warpgroup overlap,
-# tile 192 with it, the MMA row sum), and FA4's overlapped step at tile 128 with either row sum.
+# The call with no lever at head dims 128 and 64 and the other tiling's entry where a call reaches it (Note [Tuned
+# defaults]), and FA4's overlapped step at tile 128 with either row sum.
 CONFIGS = {
     "defaults_d128": dict(head_dim=128),
     "defaults_d64": dict(head_dim=64),
+    # the three-warpgroup entry causal GQA takes at head dim 128 (Note [Causal tiles that pack GQA])
+    "tuned_m192_d128": dict(head_dim=128, tile_m=192),
     "overlap_n128_fadd": dict(tile_n=128, intra_wg_overlap=True, row_sum="fadd"),
     "overlap_n128_mma": dict(tile_n=128, intra_wg_overlap=True, row_sum="mma"),
 }

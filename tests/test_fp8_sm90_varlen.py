@@ -344,7 +344,7 @@ def _check_sequences(out, lse, q, k, v, cu_q, cu_k, causal, mode, descales, leve
     from fa4_rowmax.gates.tolerances import fp8_kernel_bounds
     from fa4_rowmax.reference.attention import attention_reference
 
-    stage = call_stage(mode, q.shape[-1], causal, **levers)
+    stage = call_stage(mode, q.shape[-1], causal, qhead_per_kvhead=q.shape[1] // k.shape[1], **levers)
     config = SoftmaxConfig(
         mode=mode,
         max_offset=FP8_MAX_OFFSET,

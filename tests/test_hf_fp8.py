@@ -57,22 +57,28 @@ def test_single_level_twins_differ_from_their_modes_in_the_kernels_accumulation_
 
 
 def test_fp8_simulator_runs_at_the_kernels_tile():
-    # Note [P.V accumulation in the study]: the tuned two-level H15 kernel at head dim 64 causal runs 160-key tiles
-    # (Note [Tuned defaults]), the single-level one the stage default of 128; the exact twin at head dim 128 causal
-    # 256. The simulator's config follows; modes without the FP8 kernel keep their own tile.
+    # Note [P.V accumulation in the study]: the tuned two-level kernel's tile (Note [Tuned defaults]) for the call's
+    # head dim, mask and GQA ratio, the single-level one's the stage default of 128; causal GQA that packs a 192-row
+    # tile takes the three-warpgroup entry (Note [Causal tiles that pack GQA]): Qwen2.5-1.5B's 6 Q heads per KV
+    # head, not Qwen2.5-0.5B's 7. The simulator's config follows; modes without the FP8 kernel keep their own tile.
     from fa4_rowmax.config import STAGE_KNOBS
     from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, TUNED_TILE_M
 
-    def tuned_tile_n(key):
-        return TUNED_DEFAULTS[key][TUNED_TILE_M[key]].get("tile_n", default)
+    def tuned_tile_n(key, tile_m=None):
+        return TUNED_DEFAULTS[key][tile_m or TUNED_TILE_M[key]].get("tile_n", default)
 
     default = STAGE_KNOBS["tile_n"].default
     h15, h15_single = hf.MODES["rowmax_h15_fp8_ksmooth"], hf.MODES["rowmax_h15_fp8_ksmooth_single_acc"]
     h15_d64 = tuned_tile_n(("rowmax_h15", 64, True))
     assert hf.simulator_config(h15, 0, 2, 64, True).tile_n == h15_d64 != default
     assert hf.simulator_config(h15_single, 0, 2, 64, True).tile_n == default != h15_d64
+    exact = hf.MODES["exact_fp8_ksmooth"]
     exact_d128 = tuned_tile_n(("exact", 128, True))
-    assert hf.simulator_config(hf.MODES["exact_fp8_ksmooth"], 0, 2, 128, True).tile_n == exact_d128 != default
+    assert hf.simulator_config(exact, 0, 2, 128, True).tile_n == exact_d128 != default
+    assert hf.simulator_config(exact, 0, 2, 128, True, 7).tile_n == exact_d128
+    packed = tuned_tile_n(("exact", 128, True), 192)
+    assert hf.simulator_config(exact, 0, 2, 128, True, 6).tile_n == packed != exact_d128
+    assert hf.simulator_config(exact, 0, 2, 128, False, 6).tile_n == tuned_tile_n(("exact", 128, False))
     bf16p = hf.MODES["exact_bf16p"]
     assert hf.simulator_config(bf16p, 0, 2, 64, True) == bf16p.config(0, 2)
 
@@ -153,7 +159,7 @@ def test_fp8_mode_runs_the_reference_on_e4m3_inputs(mode):
     if hf.MODES[mode].fp8_k_smoothing:
         k8 = hf.smooth_k(k8)
     q8, k8, v8 = (t.to(E4M3) for t in (q8, k8, v8))
-    config = hf.simulator_config(hf.MODES[mode], 0, 1, 64, True)
+    config = hf.simulator_config(hf.MODES[mode], 0, 1, 64, True, 3)  # 6 Q heads on 2 KV heads
     expected, _ = attention_reference(q8, k8, v8, config, causal=True, softmax_scale=0.125)
     assert torch.equal(got, expected.float())  # both (batch, seqlen, heads, head_dim)
     if config.tile_n != 128:  # 200 keys: a tile of 128 splits the rows' keys elsewhere, and H15's lattice moves
