@@ -3,7 +3,7 @@
 Each configuration compiles in its own subprocess (FakeTensorMode, FLASH_ATTENTION_ARCH=sm_90,
 CUTE_DSL_ARCH=sm_90a, CUTE_DSL_KEEP=cubin) against a private patched copy of the installed FA4 (the
 kernel uses patch 0001's `softmax_stage` hook in FA4's SM90 `mma`), as fa4_rowmax/testing/compile_check.py
-does for the BF16 kernels. Configurations: causal, head dim 128, 256 keys (so all three softmax sites of
+does for the BF16 kernels. Configurations: causal, head dim 128 (64 where named), 256 keys (so all three softmax sites of
 FA4's causal main loop are unrolled: first block, masked blocks, unmasked blocks).
 
 What the SASS must show (E = elements per thread per tile = tile_n / 2, S = 3 softmax sites, 2 rows per
@@ -40,9 +40,20 @@ MAIN_LOOP_LOCAL = "STL/LDL in the main loop"
 PV_THEN_ARRIVE = "P.V GEMMs followed by the scheduler arrive"
 SINGLE = dict(pv_accumulation="single")
 # Every structural knob explicit, so that Note [Tuned defaults] (fp8_sm90.py) leaves them as named here.
-_EXPLICIT = dict(tile_m=128, tile_n=128, intra_wg_overlap=True, row_sum="fadd", clamp="max")
+_EXPLICIT = dict(
+    tile_m=128,
+    tile_n=128,
+    intra_wg_overlap=True,
+    row_sum="fadd",
+    clamp="max",
+    scheduler_barrier=False,
+    o_store="pv_columns",
+)
 # Three consumer warpgroups (Note [Three consumer warpgroups]) with H15's tuned knobs, the base of several configs.
 _H15_M192 = dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False)
+_H15_N256 = dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False)
+_EXACT_N256 = dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False)
+_EXACT_M192 = dict(softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False)
 CONFIGS = {
     "exact": dict(softmax_mode="exact", **SINGLE),
     "exact_n192_mma": dict(softmax_mode="exact", tile_n=192, row_sum="mma", rescale_vote=True, **SINGLE),
@@ -58,12 +69,8 @@ CONFIGS = {
     "h15_sat_two_level_mma": dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma"),
     # No intra-warpgroup overlap at the largest tile, with FA4's scheduler hand-over and right after the P.V GEMM
     # (Note [Scheduler window after the P.V GEMM]).
-    "h15_sat_mma_n256_nooverlap": dict(
-        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False
-    ),
-    "h15_sat_mma_n256_nooverlap_arrive": dict(
-        softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False, arrive_after_pv=True
-    ),
+    "h15_sat_mma_n256_nooverlap": _H15_N256,
+    "h15_sat_mma_n256_nooverlap_arrive": dict(_H15_N256, arrive_after_pv=True),
     # Three consumer warpgroups (Note [Three consumer warpgroups]), both row sums, beside two at the same tile.
     "h15_sat_mma_m192": _H15_M192,
     "h15_sat_m192": dict(softmax_mode="rowmax_h15", clamp="sat", tile_m=192, intra_wg_overlap=False),
@@ -73,17 +80,24 @@ CONFIGS = {
     "h15_sat_mma_m192_sb": dict(_H15_M192, scheduler_barrier=True),
     "h15_sat_mma_m192_sb_arrive": dict(_H15_M192, scheduler_barrier=True, arrive_after_pv=True),
     "h15_sat_nooverlap": dict(softmax_mode="rowmax_h15", clamp="sat", intra_wg_overlap=False),
-    # The head-dim-128 defaults (Note [Tuned defaults]) not named above: the exact twin's causal one, and the
-    # non-causal ones at three warpgroups compiled non-causal, as the call runs them (first block and loop, two
-    # softmax sites, so the site-counting tests, which take three, do not select them by name).
-    "exact_mma_n256_nooverlap": dict(softmax_mode="exact", row_sum="mma", tile_n=256, intra_wg_overlap=False),
+    # O's tile without the row-sum columns (Note [O's tile without the row-sum columns]) beside its twin, and the
+    # head-dim-128 defaults (Note [Tuned defaults], every one with it): each mask's, and causal GQA's three warpgroups
+    # (Note [Causal tiles that pack GQA]); the non-causal ones compiled non-causal, as the call runs them (first
+    # block and loop, two softmax sites, so the site-counting tests, which take three, do not select them by name).
     "noncausal_h15_sat_mma_m192_n160": dict(_H15_M192, causal=False, tile_n=160),
     "noncausal_h15_sat_mma_m192_n160_single": dict(_H15_M192, causal=False, tile_n=160, pv_accumulation="single"),
-    "noncausal_exact_mma_m192_n160": dict(
-        causal=False, softmax_mode="exact", row_sum="mma", tile_m=192, tile_n=160, intra_wg_overlap=False
-    ),
-    # O's tile without the row-sum columns (Note [O's tile without the row-sum columns]) beside its twin above.
     "noncausal_h15_sat_mma_m192_n160_o_head_dim": dict(_H15_M192, causal=False, tile_n=160, o_store="head_dim"),
+    "noncausal_exact_mma_m192_n160_o_head_dim": dict(_EXACT_M192, causal=False, o_store="head_dim"),
+    "h15_sat_mma_n256_nooverlap_o_head_dim": dict(_H15_N256, o_store="head_dim"),
+    "exact_mma_n256_nooverlap_o_head_dim": dict(_EXACT_N256, o_store="head_dim"),
+    "h15_sat_mma_m192_n160_o_head_dim": dict(_H15_M192, tile_n=160, o_store="head_dim"),
+    "exact_mma_m192_n160_o_head_dim": dict(_EXACT_M192, o_store="head_dim"),
+    # The head-dim-64 causal defaults with one head per tile (PV N = 64 + 8); named by head dim first, so the tests
+    # that select by a mode prefix keep to head dim 128.
+    "d64_h15_sat_mma_n192_o_head_dim": dict(
+        head_dim=64, softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim"
+    ),
+    "d64_exact_mma_m192_n160_sb_o_head_dim": dict(_EXACT_M192, head_dim=64, scheduler_barrier=True, o_store="head_dim"),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 STAGE_KNOBS_DEFAULTS = {
@@ -143,8 +157,7 @@ def test_fp8_wgmma_only(compiled, name):
     qgmma = {op: n for op, n in ops.items() if op.startswith("QGMMA")}
     assert qgmma and all(op.endswith(".E4M3.E4M3") for op in qgmma), qgmma
     assert count(ops, "HGMMA") == 0
-    pv_n = 128 + (8 if kwargs.get("row_sum") == "mma" else 0)
-    assert any(op.startswith(f"QGMMA.64x{pv_n}x32.") for op in qgmma), qgmma
+    assert any(op.startswith(f"QGMMA.64x{_pv_n(kwargs)}x32.") for op in qgmma), qgmma
     assert any(op.startswith(f"QGMMA.64x{kwargs.get('tile_n', 128)}x32.") for op in qgmma), qgmma
 
 
@@ -196,9 +209,14 @@ def test_clamp_by_saturation_drops_the_clamp(compiled):
     assert count(fold_ops, "FMNMX") - count(ops, "FMNMX") == SITES * _per_thread(kwargs)
 
 
+def _pv_n(kwargs) -> int:
+    """The P.V GEMM's N: head_dim, plus Note [Row sum by the MMA]'s 8 columns."""
+    return kwargs.get("head_dim", 128) + (8 if kwargs.get("row_sum") == "mma" else 0)
+
+
 def _o_per_thread(kwargs) -> int:
     """O accumulator elements per thread: 64 rows x (head_dim + row-sum columns) over a warpgroup's 128 threads."""
-    return (128 + (8 if kwargs.get("row_sum") == "mma" else 0)) // 2
+    return _pv_n(kwargs) // 2
 
 
 @pytest.mark.parametrize("name", sorted(TWO_LEVEL_TWINS))
@@ -268,28 +286,39 @@ def test_kv_stages_change_no_arithmetic(compiled):
     assert abs(ops[MAIN_LOOP_LOCAL] - two[MAIN_LOOP_LOCAL]) <= 2, (ops[MAIN_LOOP_LOCAL], two[MAIN_LOOP_LOCAL])
 
 
-DEFAULTS_COMPILED = {  # (mode, causal) at head dim 128 -> the configuration above that the call compiles
-    ("rowmax_h15", True): "h15_sat_mma_n256_nooverlap",
-    ("rowmax_h15", False): "noncausal_h15_sat_mma_m192_n160",
-    ("exact", True): "exact_mma_n256_nooverlap",
-    ("exact", False): "noncausal_exact_mma_m192_n160",
+DEFAULTS_COMPILED = {  # (mode, head dim, causal, GQA ratio) -> the configuration above that the call compiles
+    ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim",
+    ("rowmax_h15", 128, True, 4): "h15_sat_mma_m192_n160_o_head_dim",
+    ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_m192_n160_o_head_dim",
+    ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim",
+    ("exact", 128, True, 4): "exact_mma_m192_n160_o_head_dim",
+    ("exact", 128, False, 1): "noncausal_exact_mma_m192_n160_o_head_dim",
+    ("rowmax_h15", 64, True, 1): "d64_h15_sat_mma_n192_o_head_dim",
+    ("exact", 64, True, 1): "d64_exact_mma_m192_n160_sb_o_head_dim",
 }
 # Local-memory accesses between the first and the last GMMA of today's compile of the three-warpgroup defaults: at
 # 160 registers a thread the MMA row sum's 8 accumulator columns push a few registers out around the P.V GEMM
-# (H15: 6 STL / 6 LDL in the loop, the exact twin 13 / 11; L1-resident, and measured fastest anyway:
-# bench/results/h200_2026-12-03_s12/). A bound, so that more spilling fails here; two warpgroups spill nothing.
-MAIN_LOOP_LOCAL_BOUND = {"noncausal_h15_sat_mma_m192_n160": 10, "noncausal_exact_mma_m192_n160": 24}
+# (L1-resident, and measured fastest anyway: bench/results/h200_2026-12-03_s12/, _s14/); the exact twin's causal
+# kernel, whose three softmax sites (masked first block, masked and unmasked loop) hold more code live, 49. A bound,
+# so that more spilling fails here; two warpgroups spill nothing.
+MAIN_LOOP_LOCAL_BOUND = {
+    "noncausal_h15_sat_mma_m192_n160_o_head_dim": 10,
+    "noncausal_exact_mma_m192_n160_o_head_dim": 24,
+    "h15_sat_mma_m192_n160_o_head_dim": 10,
+    "exact_mma_m192_n160_o_head_dim": 49,
+}
 
 
 @pytest.mark.parametrize("key", sorted(DEFAULTS_COMPILED))
-def test_the_head_dim_128_defaults_are_compiled_here(compiled, key):
-    """Every head-dim-128 default of Note [Tuned defaults] compiles in this file with the knobs the call resolves:
-    e4m3 wgmma at the tuned tile and PV N, the register split of its warpgroup count, and no more local-memory
-    traffic in the main loop than the bound."""
-    mode, causal = key
+def test_the_defaults_are_compiled_here(compiled, key):
+    """Every head-dim-128 default of Note [Tuned defaults], and the causal head-dim-64 ones with one head per tile,
+    compiles in this file with the knobs the call resolves: e4m3 wgmma at the tuned tile and PV N, the register
+    split of its warpgroup count, and no more local-memory traffic in the main loop than the bound."""
+    mode, head_dim, causal, ratio = key
     name = DEFAULTS_COMPILED[key]
     kwargs, ops = compiled[name]
-    stage = call_stage(mode, 128, causal)
+    assert kwargs.get("head_dim", 128) == head_dim
+    stage = call_stage(mode, head_dim, causal, qhead_per_kvhead=ratio)
     knobs = (
         "tile_m",
         "tile_n",
@@ -299,11 +328,12 @@ def test_the_head_dim_128_defaults_are_compiled_here(compiled, key):
         "arrive_after_pv",
         "kv_stages",
         "scheduler_barrier",
+        "o_store",
     )
     for knob in knobs:
         assert getattr(stage, knob) == kwargs.get(knob, STAGE_KNOBS[knob].default), knob
     assert kwargs.get("causal", True) == causal and kwargs.get("pv_accumulation", "two_level") == "two_level"
-    assert count(ops, f"QGMMA.64x{stage.tile_n}x32") > 0 and count(ops, "QGMMA.64x136x32") > 0
+    assert count(ops, f"QGMMA.64x{stage.tile_n}x32") > 0 and count(ops, f"QGMMA.64x{_pv_n(kwargs)}x32") > 0
     assert ops[CONSUMER_REGISTERS] == {128: 240, 192: 160}[stage.tile_m]
     assert ops[MAIN_LOOP_LOCAL] <= MAIN_LOOP_LOCAL_BOUND.get(name, 0), (name, ops[MAIN_LOOP_LOCAL])
 
@@ -349,7 +379,12 @@ def test_the_shared_memory_estimate_holds_the_traced_storage(compiled, name):
     kwargs, ops = compiled[name]
     knobs = {**STAGE_KNOBS_DEFAULTS, **kwargs}
     estimate = shared_memory_bytes(
-        128, knobs["tile_m"], knobs["tile_n"], knobs["kv_stages"], knobs["row_sum"], knobs["o_store"]
+        kwargs.get("head_dim", 128),
+        knobs["tile_m"],
+        knobs["tile_n"],
+        knobs["kv_stages"],
+        knobs["row_sum"],
+        knobs["o_store"],
     )
     assert ops[SHARED_STORAGE] <= estimate <= ops[SHARED_STORAGE] + SMEM_ALIGN, (ops[SHARED_STORAGE], estimate)
 

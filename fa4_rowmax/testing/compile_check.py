@@ -309,6 +309,7 @@ from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
 from fa4_rowmax.stage.flash_fwd_sm90_fp8 import FlashAttentionForwardSm90Fp8
 kw = json.loads(sys.argv[1])
 causal = kw.pop("causal", True)
+head_dim = kw.pop("head_dim", 128)
 storage_cls = FlashAttentionForwardSm90Fp8._get_shared_storage_cls
 def recorded_storage_cls(self):
     storage = storage_cls(self)
@@ -317,14 +318,15 @@ def recorded_storage_cls(self):
     return storage
 FlashAttentionForwardSm90Fp8._get_shared_storage_cls = recorded_storage_cls
 with FakeTensorMode():
-    q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
-    k = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    q = torch.empty(2, 256, 4, head_dim, dtype=torch.float8_e4m3fn, device="cuda")
+    k = torch.empty(2, 256, 4, head_dim, dtype=torch.float8_e4m3fn, device="cuda")
     flash_attn_fp8_sm90(q, k, k, causal=causal, **kw)
 """
 
 
 def compile_fp8_sm90(kwargs: dict, dump: Path, fa4_site: Path, timeout: float = 600) -> Path:
-    """The cubin of the SM90 FP8 forward with `kwargs` (`flash_attn_fp8_sm90`'s knobs and `causal`), compiled for
+    """The cubin of the SM90 FP8 forward with `kwargs` (`flash_attn_fp8_sm90`'s knobs, `causal` and `head_dim`: 128
+    unless named), compiled for
     sm_90a in a subprocess against `fa4_site` (a patched copy from `prepare_fa4_copies`) and kept under the new
     folder `dump`, beside the traced size of its shared storage (`traced_shared_storage_bytes`)."""
     dump.mkdir()
