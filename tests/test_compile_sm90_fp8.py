@@ -3,8 +3,8 @@
 Each configuration compiles in its own subprocess (FakeTensorMode, FLASH_ATTENTION_ARCH=sm_90,
 CUTE_DSL_ARCH=sm_90a, CUTE_DSL_KEEP=cubin) against a private patched copy of the installed FA4 (the
 kernel uses patch 0001's `softmax_stage` hook in FA4's SM90 `mma`), as fa4_rowmax/testing/compile_check.py
-does for the BF16 kernels. Configurations: causal, head dim 128 (64 where named), 256 keys (so all three softmax sites of
-FA4's causal main loop are unrolled: first block, masked blocks, unmasked blocks).
+does for the BF16 kernels. Configurations: causal, head dim 128 (64 where named), 256 keys (so all three softmax
+sites of FA4's causal main loop are unrolled: first block, masked blocks, unmasked blocks).
 
 What the SASS must show (E = elements per thread per tile = tile_n / 2, S = 3 softmax sites, 2 rows per
 thread): QGMMA with e4m3 operands and no HGMMA; `exact`: S * E MUFU.EX2 for the weights + 2 (S - 1) for the
