@@ -18,7 +18,8 @@
 #   bash scripts/h200_session.sh accuracy OUT     # the FP8 accuracy study (bench --fp8-accuracy) under today's defaults,
 #                                                 # every peer: the README's accuracy table (~1 minute)
 #   bash scripts/h200_session.sh peers OUT        # flash_attn_func's defaults beside FA3-FP8, vLLM's FA3 and cuDNN's FP8,
-#                                                 # 2K-32K, head dim 128 and 64: the README's speed table (~2 minutes)
+#                                                 # 2K-32K, head dim 128 and 64: the README's speed table, with the
+#                                                 # exp2-deleted probe at the exact twin's defaults (~3 minutes)
 #   bash scripts/h200_session.sh ostore OUT       # O's tile with and without the row-sum columns (o_store): its GPU
 #                                                 # bit-identity tests, then the defaults (head_dim columns) beside
 #                                                 # o_store="pv_columns" and the exact twin's earlier head-dim-64 entry
@@ -134,6 +135,7 @@ case "$STEP" in
     vllm_fa3_library
     timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 5.5 --out "$OUT" \
       --name h200_fp8_defaults_peers --kernels fa3_fp8 vllm_fa3_fp8 cudnn_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 \
+      fa4_fp8_exact_noexp_defaults \
       > "$OUT/bench.log" 2>&1
     echo "peers: exit status $?"; tail -3 "$OUT/bench.log" ;;
   bench)
