@@ -146,8 +146,9 @@ TUNED_TILE_M = {
 # stays ahead (H15 1.04x against 0.99x at 4K). A reading, not measured apart: a packed tile's rows sit at
 # 192/ratio positions, so fewer of its KV tiles cross the diagonal (masked, partly wasted: (positions + tile_n) /
 # tile_n of them, 2.2 at 192 unpacked positions and tile 160, 1.3 at 48) and three warpgroups keep their per-key
-# lead. Ratios 2 (96 positions) and those that do not divide 192 (Qwen2.5-0.5B's 7) keep TUNED_TILE_M; only
-# ratio 4 is measured.
+# lead. Through flash_attn_func under the rule (bench/results/h200_2026-12-04_s15/, two runs) H15 ran 1.07-1.17x and
+# the exact twin 0.96-1.04x at 16/4 heads, head dim 128, and every FP8 GPU test passed. Ratios 2 (96 positions) and
+# those that do not divide 192 (Qwen2.5-0.5B's 7) keep TUNED_TILE_M; only ratio 4 is measured.
 PACKED_CAUSAL_MAX_POSITIONS = 64
 
 
