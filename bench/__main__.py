@@ -539,6 +539,7 @@ def run(plan: list[Group], args: argparse.Namespace, settings: dict, deadline: f
                 "date_utc": env["date_utc"],
                 "host": env["host"],
                 "git_commit": env["git_commit"],
+                "code_digest": env["code_digest"],
                 "nvidia_smi": env["nvidia_smi"],
                 "max_minutes": args.max_minutes,
                 "groups_kept": len(done),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -26,6 +27,16 @@ SMI_FIELDS = (
     "pstate",
 )
 ENV_PREFIXES = ("FLASH_ATTENTION_", "CUTE_DSL_", "CUDA_VISIBLE_DEVICES", "TRITON_", "AITER_", "TORCH_CUDNN")
+# Note [Code digest]
+# ~~~~~~~~~~~~~~~~~~
+# A device run gets a copy of the working tree whose git metadata can lag the files it holds (the H200's copies
+# have named a commit several commits older than the tree that ran), so `git rev-parse HEAD` there does not say
+# which code produced a figure. The digest does: SHA-256 over the code the measurements run (every .py and .diff
+# under CODE_DIRS, by relative path in sorted order, each path and its bytes), read from the files themselves.
+# `python -m bench.env_info` prints it for a checkout, so a results folder's digest can be matched to a commit
+# (`git worktree add /tmp/c COMMIT && python -m bench.env_info /tmp/c`). Caches and results are not code.
+CODE_DIRS = ("fa4_rowmax", "aiter_fused", "bench", "patches", "studies", "scripts")
+CODE_SUFFIXES = (".py", ".diff", ".sh")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -82,6 +93,23 @@ def git_commit() -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def code_digest(root: str | None = None) -> str:
+    """Note [Code digest]: SHA-256 (hex) of the code under `root` (default: this checkout)."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = []
+    for top in CODE_DIRS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+            paths += [os.path.join(dirpath, f) for f in filenames if f.endswith(CODE_SUFFIXES)]
+    digest = hashlib.sha256()
+    for rel in sorted(os.path.relpath(p, root).replace(os.sep, "/") for p in paths):
+        with open(os.path.join(root, rel), "rb") as f:
+            data = f.read()
+        digest.update(f"{rel}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def collect(settings: dict) -> dict:
     """Everything that identifies a run, JSON-serializable; `settings` are the benchmark's own."""
     return {
@@ -94,6 +122,13 @@ def collect(settings: dict) -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "packages": package_versions(),
         "git_commit": git_commit(),
+        "code_digest": code_digest(),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "settings": settings,
     }
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(code_digest(sys.argv[1] if len(sys.argv) > 1 else None))

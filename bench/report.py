@@ -267,14 +267,18 @@ def environment_lines(env: dict) -> list[str]:
     lines.append(
         f"- CUDA {env.get('cuda_runtime')}, cuDNN {env.get('cudnn')}, "
         + ", ".join(f"{k} {v}" for k, v in packages.items() if v)
-        + f"; commit {env.get('git_commit') or 'unknown'}; {env.get('date_utc')}"
+        + f"; commit {env.get('git_commit') or 'unknown'}"
+        + (f" (code sha256 {env['code_digest'][:16]})" if env.get("code_digest") else "")
+        + f"; {env.get('date_utc')}"
     )
     for session in env.get("resumed", []):
         smi = session.get("nvidia_smi")
         clocks = f", SM {smi.get('clocks.sm')} at start" if isinstance(smi, dict) else ""
         lines.append(
             f"- resumed {session.get('date_utc')} on {session.get('host')} (commit "
-            f"{session.get('git_commit') or 'unknown'}{clocks}): kept {session.get('groups_kept')} "
+            f"{session.get('git_commit') or 'unknown'}"
+            + (f", code sha256 {session['code_digest'][:16]}" if session.get("code_digest") else "")
+            + f"{clocks}): kept {session.get('groups_kept')} "
             f"finished groups, measured the rest"
         )
     settings = env.get("settings", {})

@@ -839,3 +839,40 @@ def test_fa4_rows_without_a_mode_pin_exact_on_the_patched_call(monkeypatch):
         _fa4_binder({})(fn, x, x, x, True)()
     _fa4_binder({"softmax_mode": "rowmax_h15"})(patched, x, x, x, True)()
     assert seen == ["exact", "absent", "rowmax_h15"]
+
+
+def test_code_digest_names_the_code_and_nothing_else(tmp_path):
+    """Note [Code digest]: equal trees give equal digests; changing a code file, adding one or renaming one changes
+    it; caches, results and files outside CODE_DIRS do not."""
+    for rel, text in {
+        "fa4_rowmax/a.py": "x = 1\n",
+        "patches/0001.diff": "--- a\n",
+        "bench/results/r.json": "{}",
+        "README.md": "doc",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    before = env_info.code_digest(str(tmp_path))
+    assert before == env_info.code_digest(str(tmp_path)) and len(before) == 64
+    (tmp_path / "bench/results/r.json").write_text('{"new": 1}')
+    (tmp_path / "README.md").write_text("other doc")
+    (tmp_path / "fa4_rowmax/__pycache__").mkdir()
+    (tmp_path / "fa4_rowmax/__pycache__/a.cpython-311.py").write_text("cache")
+    assert env_info.code_digest(str(tmp_path)) == before
+    (tmp_path / "fa4_rowmax/a.py").write_text("x = 2\n")
+    changed = env_info.code_digest(str(tmp_path))
+    assert changed != before
+    (tmp_path / "fa4_rowmax/a.py").rename(tmp_path / "fa4_rowmax/b.py")
+    assert env_info.code_digest(str(tmp_path)) not in (before, changed)
+    (tmp_path / "fa4_rowmax/b.py").rename(tmp_path / "fa4_rowmax/a.py")
+    assert env_info.code_digest(str(tmp_path)) == changed
+    (tmp_path / "aiter_fused").mkdir()
+    (tmp_path / "aiter_fused/k.py").write_text("")
+    assert env_info.code_digest(str(tmp_path)) != changed
+
+
+def test_code_digest_of_this_checkout_is_what_the_cli_prints():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.env_info"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert out == env_info.code_digest()

@@ -19,6 +19,7 @@ import torch
 
 import bench.quality
 from aiter_fused import hf as fused_hf
+from bench import env_info
 from bench.quality import assets, baseline, models
 from bench.quality.assets import AssetMismatch, MissingAsset
 from bench.quality.baps import BAPS_READING_SETS, BAPS_STUDY_LENGTHS, baps_restart_study
@@ -276,6 +277,7 @@ def main(argv=None) -> dict | None:
         )
     started = time.perf_counter()
     git_commit = _git_commit()  # at the start: the code that runs, not what a later commit made of it
+    code_digest = env_info.code_digest()  # Note [Code digest]: what ran, whatever the git metadata says
     if args.device == "cuda":
         # The fp32 baseline and the simulator must not silently drop to TF32 matmuls.
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -320,6 +322,7 @@ def main(argv=None) -> dict | None:
             torch=torch.__version__,
             device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             git_commit=git_commit,
+            code_digest=code_digest,
             command="python -m bench.quality " + shlex.join(argv if argv is not None else sys.argv[1:]),
             wall_seconds=time.perf_counter() - started,
         )
@@ -361,6 +364,7 @@ def main(argv=None) -> dict | None:
                 blocks=[first_block, blocks_done],
                 device=device_name,
                 git_commit=git_commit,
+                code_digest=code_digest,
                 wall_seconds=time.perf_counter() - started,
             )
         )
@@ -394,6 +398,7 @@ def main(argv=None) -> dict | None:
             baseline_seconds_per_block=baseline_seconds / blocks_done if blocks_done else None,
             note=args.note,
             git_commit=git_commit,
+            code_digest=code_digest,
             command=command,
             wall_seconds=sum(session["wall_seconds"] for session in sessions),
             sessions=sessions,

@@ -59,7 +59,9 @@ def markdown_report(report: dict) -> str:
             if meta.get("baseline_seconds_per_block")
             else ""
         ),
-        f"- command: `{meta.get('command')}`" + (f" at git {meta['git_commit']}" if meta.get("git_commit") else ""),
+        f"- command: `{meta.get('command')}`"
+        + (f" at git {meta['git_commit']}" if meta.get("git_commit") else "")
+        + (f" (code sha256 {meta['code_digest'][:16]})" if meta.get("code_digest") else ""),
         *(
             [
                 "- sessions (`--resume`): "
