@@ -31,7 +31,7 @@ ENV_PREFIXES = ("FLASH_ATTENTION_", "CUTE_DSL_", "CUDA_VISIBLE_DEVICES", "TRITON
 # ~~~~~~~~~~~~~~~~~~
 # A device run gets a copy of the working tree whose git metadata can lag the files it holds (the H200's copies
 # have named a commit several commits older than the tree that ran), so `git rev-parse HEAD` there does not say
-# which code produced a figure. The digest does: SHA-256 over the code the measurements run (every .py and .diff
+# which code produced a figure. The digest does: SHA-256 over the code the measurements run (every .py, .diff and .sh
 # under CODE_DIRS, by relative path in sorted order, each path and its bytes), read from the files themselves.
 # `python -m bench.env_info` prints it for a checkout, so a results folder's digest can be matched to a commit
 # (`git worktree add /tmp/c COMMIT && python -m bench.env_info /tmp/c`). Caches and results are not code.
