@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -162,13 +163,20 @@ RUNS = (
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--from-cache", type=Path, required=True, help="an export of bench.quality (--export)")
+    parser.add_argument("--report", type=Path, help="print the summary and tables of a run's JSON, run nothing")
+    parser.add_argument("--from-cache", type=Path, help="an export of bench.quality (--export)")
     parser.add_argument("--block-size", type=int, default=2048)
     parser.add_argument("--blocks", type=int, default=6, help="the study's first blocks of this size")
     parser.add_argument("--probe-blocks", type=int, default=1, help="blocks of the layer-by-layer pass")
     parser.add_argument("--time-budget-s", type=float, default=240.0, help="no block starts past it (scoring)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.report is not None:
+        result = json.loads(args.report.read_text())
+        print(summary(result) + "\n\n" + report(result))
+        return
+    if args.from_cache is None or args.out is None:
+        parser.error("--from-cache and --out are required unless --report is given")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -205,7 +213,31 @@ def main(argv=None) -> None:
             path.write_text(json.dumps(result, indent=1) + "\n")
             print(f"block {b + 1}/{len(blocks)} ({time.perf_counter() - t0:.0f} s): "
                   + ", ".join(f"{n} {v[-1]:.5f}" for n, v in nll.items()), flush=True)  # fmt: skip
-    print(report(result))
+    print(summary(result) + "\n\n" + report(result))
+
+
+def summary(result: dict) -> str:
+    """Markdown: per mode and variant, the median and range over layers of each comparison."""
+    lines = [
+        "| mode | variant | O rel. to sim, median (max) over layers | O bias vs sim, mean [min, max] | "
+        "LSE - sim, mean | O rel. to truth, median |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for mode in MODES:
+        for variant in VARIANTS:
+            entries = [record[mode][variant] for record in result["layers"]]
+            truth_rel = statistics.median(e["vs_truth"]["rel"] for e in entries)
+            if variant == "sim":
+                lines.append(f"| {mode} | {variant} | - | - | - | {truth_rel:.2e} |")
+                continue
+            rel = [e["vs_sim"]["rel"] for e in entries]
+            bias = [e["vs_sim"]["bias"] for e in entries]
+            lse = statistics.mean(e["vs_sim"]["lse_mean"] for e in entries)
+            lines.append(
+                f"| {mode} | {variant} | {statistics.median(rel):.2e} ({max(rel):.2e}) | "
+                f"{statistics.mean(bias):+.2e} [{min(bias):+.1e}, {max(bias):+.1e}] | {lse:+.2e} | {truth_rel:.2e} |"
+            )
+    return "\n".join(lines)
 
 
 def report(result: dict) -> str:
