@@ -223,6 +223,10 @@ class SoftmaxConfig:
     accumulator_mantissa_bits: Optional[int] = None
     accumulator_gemms: str = "qk_pv"
     accumulator_promotion: str = "none"
+    # How the row sum adds P (Note [Row sum by the MMA in the reference], reference/attention.py): "fadd", the float
+    # weights before P's rounding (FA4's order); "mma", the rounded P as the P V GEMM multiplies it (a ones column of
+    # V, through the emulated accumulator when there is one): the SM90 FP8 forward's row_sum="mma".
+    row_sum: str = "fadd"
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, SOFTMAX_MODES)
@@ -268,6 +272,12 @@ class SoftmaxConfig:
                 f"accumulator (accumulator_mantissa_bits set, accumulator_gemms 'qk_pv' or 'pv'), not "
                 f"accumulator_mantissa_bits={self.accumulator_mantissa_bits!r} with "
                 f"accumulator_gemms={self.accumulator_gemms!r} (accepted there: 'none')"
+            )
+        _check_choice("row_sum", self.row_sum, ROW_SUMS)
+        if self.row_sum != "fadd" and self.mode not in KERNEL_MODES:
+            raise ValueError(
+                f"SoftmaxConfig.row_sum={self.row_sum!r} applies to modes {KERNEL_MODES}, not mode={self.mode!r} "
+                "(accepted there: 'fadd')"
             )
         if self.mode == "rowmax_h15" and self.p_dtype in _FP8_P_DTYPES:
             check_p_range(

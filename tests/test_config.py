@@ -54,6 +54,7 @@ def test_frozen():
         ("mx_format", "mxfp5", ValueError, "mxfp6"),
         ("recovery_threshold", -1.0, ValueError, "[0.0, 126.0]"),
         ("recovery_threshold", 127.0, ValueError, "[0.0, 126.0]"),
+        ("row_sum", "sum", ValueError, "'fadd', 'mma'"),
     ],
 )
 def test_bad_field_names_field_and_accepted_values(field, value, error, accepted):
@@ -69,6 +70,13 @@ def test_fused_softmax_constraints():
     with pytest.raises(ValueError, match=r"SoftmaxConfig.p_dtype must be None for mode 'fused_softmax'"):
         SoftmaxConfig(mode="fused_softmax", p_dtype=torch.bfloat16)
     assert SoftmaxConfig(mode="exact", tile_n=48, p_dtype=torch.bfloat16).tile_n == 48
+
+
+@pytest.mark.parametrize("mode", ["baps", "fused_softmax"])
+def test_mma_row_sum_only_for_fa4_modes(mode):
+    with pytest.raises(ValueError, match=r"SoftmaxConfig.row_sum='mma' applies to modes .*accepted there: 'fadd'"):
+        SoftmaxConfig(mode=mode, row_sum="mma")
+    assert SoftmaxConfig(mode="exact", row_sum="mma").row_sum == "mma"
 
 
 @pytest.mark.parametrize("mode", ["baps", "fused_softmax"])

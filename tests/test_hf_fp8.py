@@ -83,6 +83,20 @@ def test_fp8_simulator_runs_at_the_kernels_tile():
     assert hf.simulator_config(bf16p, 0, 2, 64, True) == bf16p.config(0, 2)
 
 
+def test_simulator_sums_the_row_as_its_kernel():
+    """Note [P.V accumulation in the study]: the simulator's row sum follows the kernel's row_sum knob, the MMA
+    order for every tuned two-level entry, the stage default (FADD) for single-level."""
+    from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, TUNED_TILE_M
+
+    for name, head_dim in (("exact_fp8_ksmooth", 128), ("rowmax_h15_fp8_ksmooth", 64)):
+        spec = hf.MODES[name]
+        key = (spec.kernel_kwargs["softmax_mode"], head_dim, True)
+        tuned = TUNED_DEFAULTS[key][TUNED_TILE_M[key]].get("row_sum", "fadd")
+        assert hf.simulator_config(spec, 0, 2, head_dim, True).row_sum == tuned == "mma"
+    single = hf.MODES["exact_fp8_ksmooth_single_acc"]
+    assert hf.simulator_config(single, 0, 2, 128, True).row_sum == "fadd"
+
+
 def test_k_smoothing_is_exact_and_removes_a_constant_k_offset():
     # Note [K smoothing for FP8]: in fp64, attention on k - mean(k) equals attention on k (causal, GQA). With
     # a token-constant offset on a few channels (Qwen2.5-1.5B's layer 0: docs/quality_notes.md section 5), e4m3

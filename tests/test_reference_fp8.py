@@ -355,3 +355,36 @@ def test_two_level_accumulation_is_per_head_and_per_row_under_gqa_causal_and_des
             v_descale=dv[:, kv : kv + 1],
         )
         assert torch.equal(out[:, :, head : head + 1], alone[0]) and torch.equal(lse[:, head : head + 1], alone[1])
+
+
+# ---- Note [Row sum by the MMA in the reference] ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accumulator", [{}, dict(accumulator_mantissa_bits=13, accumulator_promotion="tile")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mma_row_sum_divides_by_the_weights_that_entered_p_v(causal, accumulator):
+    # With V all ones, O is (sum of the rounded P) / (row sum): exactly 1 when the row sum adds the rounded P as the
+    # P V GEMM does (the ones column goes through the same rounding and, emulated, the same truncation); the FADD
+    # order divides by the float weights and misses 1 by P's rounding. Few keys per row, so that rounding shows.
+    q, k, _ = fp8_qkv(2, 37, 21, 4, 2, seed=3)
+    ones = torch.ones(2, 21, 2, 64).to(E4M3)
+    config = SoftmaxConfig(mode="exact", max_offset=FP8_MAX_OFFSET, p_dtype=E4M3, tile_n=8, **accumulator)
+    outputs = {}
+    for row_sum in ("fadd", "mma"):
+        c = dataclasses.replace(config, row_sum=row_sum)
+        outputs[row_sum] = attention_reference(q, k, ones, c, causal=causal, compute_dtype=torch.float64)[0]
+    has_key = torch.arange(37)[None, :, None] >= 37 - 21 if causal else torch.ones(1, 37, 1, dtype=torch.bool)
+    mma = outputs["mma"].float()[..., 0]
+    assert torch.equal(mma[has_key.expand_as(mma)], torch.ones_like(mma[has_key.expand_as(mma)]))
+    assert not torch.equal(outputs["fadd"], outputs["mma"])
+
+
+def test_mma_row_sum_adds_the_same_p_for_h15_with_fp8_p():
+    # Note [H15 with FP8 P]: H15's e4m3 P is exact, so both orders add the same weights (in fp64, exactly).
+    q, k, v = fp8_qkv(1, 150, 333, 4, 2, seed=5)
+    config = SoftmaxConfig(mode="rowmax_h15", max_offset=FP8_MAX_OFFSET, p_dtype=E4M3, tile_n=64)
+    fadd = attention_reference(q, k, v, config, causal=True, compute_dtype=torch.float64)
+    mma = attention_reference(
+        q, k, v, dataclasses.replace(config, row_sum="mma"), causal=True, compute_dtype=torch.float64
+    )
+    assert torch.equal(fadd[0], mma[0]) and torch.equal(fadd[1], mma[1])

@@ -45,7 +45,7 @@ With `anchor="row"` a first pass finds each row's max over all its keys and ever
 it (no rescale ever): the control that separates the lattice anchor from the tile schedule.
 P is rounded to `p_dtype` (FP8 saturating, as `cvt.rn.satfinite` does) only for P@V; the
 row sum adds the float P before that rounding (FA4's order), except for `rowmax_h15` with an FP8
-`p_dtype` (Note [H15 with FP8 P]).
+`p_dtype` (Note [H15 with FP8 P]) and with `row_sum="mma"` (Note [Row sum by the MMA in the reference]).
 
 Note [H15 with FP8 P]
 ~~~~~~~~~~~~~~~~~~~~~
@@ -58,6 +58,17 @@ dtype (one mantissa bit), so rounding to `p_dtype` changes nothing below its max
 this same P, the one that enters P@V. What the flush costs: each flushed weight is below 2^-6 and the
 row's top weight is at least 2^max_offset, so with max_offset 8 the row sum and every output
 component move by at most L * 2^-14 of the top weight (times max |v|) for a row of L keys.
+
+Note [Row sum by the MMA in the reference]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The SM90 FP8 forward's `row_sum="mma"` sums P in the P V GEMM, against ones rows of V^T (Note [Row sum by the MMA],
+stage/softmax_sm90_fp8.py): it adds P after its rounding to e4m3, in the GEMM's accumulator, where FA4's FADD row
+sum adds the float weights before the rounding. `SoftmaxConfig(row_sum="mma")` computes that sum the same way: V gains
+a column of ones, so the row sum is that column of P V, with P's rounding and, when the accumulator is emulated (Note
+[Emulated FP8 MMA accumulator]), its truncation and promotion. O is then divided by the sum of the weights that
+entered it. For rowmax_h15 with an FP8 P both orders add the same P (Note [H15 with FP8 P]); for the exact softmax
+they differ by P's rounding, which on Qwen2.5-0.5B scales O by +8.6e-4 against the FADD order
+(bench/results/h200_2026-12-04_s16/).
 
 Note [FP8 inputs and descales]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -96,7 +107,7 @@ of 32 keys, the row sum from that same quantized P. `recoveries` counts (row, ti
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -504,6 +515,9 @@ def _whole_row_max(problem: _Problem, config: SoftmaxConfig) -> torch.Tensor:
 
 def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, counting: bool):
     """exact / rowmax_h15 / rowmax_pot (Notes [FA4 running max and rescale_threshold], [Weights per mode])."""
+    mma_row_sum = config.row_sum == "mma"
+    if mma_row_sum:  # Note [Row sum by the MMA in the reference]
+        problem = replace(problem, v=torch.cat([problem.v, torch.ones_like(problem.v[..., :1])], dim=-1))
     heads_q = problem.shape[1] * problem.shape[2]
     row_anchor = config.anchor == "row"
     row_max = _whole_row_max(problem, config) if row_anchor else problem.q.new_full(problem.shape, -math.inf)
@@ -553,10 +567,13 @@ def _run_fa4(problem: _Problem, config: SoftmaxConfig, p_dtype: torch.dtype, cou
             p = p_operand = _h15_fp8_operand(p, p_dtype)
         else:
             p_operand = _round_p(p, p_dtype)
-        sums = row_sum[:, :, :, tile.row_start :]
-        sums.mul_(acc_scale).add_(p.sum(-1))
+        if not mma_row_sum:
+            sums = row_sum[:, :, :, tile.row_start :]
+            sums.mul_(acc_scale).add_(p.sum(-1))
         _accumulate_pv(problem, tile, p_operand, acc, acc_scale)
     lse_base_log2 = _anchor(row_max, scale_log2, config) - config.max_offset
+    if mma_row_sum:
+        acc, row_sum = acc[..., :-1], acc[..., -1].clone()
     return acc, row_sum, lse_base_log2, counters
 
 
