@@ -1024,6 +1024,12 @@ def _fp8_specs() -> list[KernelSpec]:
         for mode in ("exact", "rowmax_h15")
         for accumulation in FP8_PV_ACCUMULATIONS
     ]
+    # The direct call's defaults on a persistent grid (Note [Persistent work tiles]): lever rows beside the
+    # two-level rows above (flash_attn_func takes no knob).
+    variants += [
+        (f"{fp8_accumulation_name(mode, 'two_level')}_persistent", {"softmax_mode": mode, "persistent": True})
+        for mode in ("exact", "rowmax_h15")
+    ]
     variants += list(FP8_O_STORE.items())
     variants += list(FP8_TUNED_TILE_M.items())
     for name, knobs in variants:
@@ -1048,6 +1054,16 @@ def _fp8_specs() -> list[KernelSpec]:
         (
             "fa4_fp8_exact_noexp_defaults",
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "o_store": "head_dim"},
+        ),
+        (
+            "fa4_fp8_exact_noexp_defaults_persistent",
+            {
+                "softmax_mode": "exact",
+                "exp2_deleted": True,
+                "row_sum": "mma",
+                "o_store": "head_dim",
+                "persistent": True,
+            },
         ),
         (
             "fa4_fp8_exact_noexp_two_level",

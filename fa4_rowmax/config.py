@@ -147,6 +147,10 @@ STAGE_KNOBS = {
     # same; Note [O's tile without the row-sum columns], stage/flash_fwd_sm90_fp8.py. With row_sum="fadd" the two
     # are one kernel.
     "o_store": Knob(("pv_columns", "head_dim"), "pv_columns", ("sm90_fp8",)),
+    # A persistent grid for dense batches, one CTA per SM taking work tiles as it frees up, instead of FA4's one CTA
+    # per work tile, so that the next tile's loads run under this tile's last GEMM and epilogue (Note [Persistent
+    # work tiles], stage/flash_fwd_sm90_fp8.py). Varlen calls keep FA4's varlen scheduler (refused with it).
+    "persistent": Knob((False, True), False, ("sm90_fp8",)),
 }
 
 

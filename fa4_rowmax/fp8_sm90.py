@@ -26,6 +26,7 @@ from fa4_rowmax.aux_data import NO_AUX_DATA
 from fa4_rowmax.config import FP8_TILE_M3_TILE_NS, check_real
 from fa4_rowmax.interface import FP8_SM90_VARLEN_ARGS, STAGE_KNOBS, SoftmaxStage, softmax_stage
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS
+from fa4_rowmax.stage.tile_scheduler_sm90 import semaphore_numel
 
 HEAD_DIMS = (64, 128)
 # Note [MMA row sum at long rows]
@@ -53,6 +54,7 @@ class KernelConfig:
     varlen: bool = False  # q, k, v packed, with cu_seqlens_q / cu_seqlens_k
     seqused_q: bool = False
     seqused_k: bool = False
+    persistent_ctas: int = 0  # with stage.persistent, the grid size, the SM count (Note [Persistent work tiles])
 
     @property
     def tile_n(self) -> int:
@@ -206,7 +208,9 @@ def _fits(stage: SoftmaxStage, head_dim: int, tile_m: int, explicit, key) -> boo
     for knob in ("tile_n", "row_sum"):
         if knob in explicit:
             entry[knob] = getattr(stage, knob)
-    need = shared_memory_bytes(head_dim, tile_m, entry["tile_n"], stage.kv_stages, entry["row_sum"], stage.o_store)
+    need = shared_memory_bytes(
+        head_dim, tile_m, entry["tile_n"], stage.kv_stages, entry["row_sum"], stage.o_store, stage.persistent
+    )
     return need <= SMEM_PER_BLOCK
 
 
@@ -363,10 +367,17 @@ SMEM_PER_BLOCK = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on SM90 (227 
 
 
 def shared_memory_bytes(
-    head_dim: int, tile_m: int, tile_n: int, kv_stages: int, row_sum: str, o_store: str = "pv_columns"
+    head_dim: int,
+    tile_m: int,
+    tile_n: int,
+    kv_stages: int,
+    row_sum: str,
+    o_store: str = "pv_columns",
+    persistent: bool = False,
 ) -> int:
     """The FP8 forward's shared memory a block (Note [KV stages in shared memory]); O's tile is as wide as the P.V
-    GEMM unless `o_store` is "head_dim" (Note [O's tile without the row-sum columns])."""
+    GEMM unless `o_store` is "head_dim" (Note [O's tile without the row-sum columns]), and over Q's buffer unless
+    `persistent` (Note [Persistent work tiles])."""
 
     def aligned(n: int) -> int:
         return -(-n // SMEM_ALIGN) * SMEM_ALIGN
@@ -374,11 +385,12 @@ def shared_memory_bytes(
     head_dim_v = head_dim + (ROW_SUM_COLUMNS if row_sum == "mma" else 0)
     barriers = 8 * (2 + 4 * kv_stages)  # Q full/empty, then K and V full/empty per stage
     o_columns = head_dim if o_store == "head_dim" else head_dim_v
-    q_and_o = max(tile_m * head_dim, tile_m * o_columns * 2)
+    q, o = tile_m * head_dim, tile_m * o_columns * 2
+    q_and_o = aligned(q) + aligned(o) if persistent else aligned(max(q, o))
     return (
         aligned(barriers)
         + aligned(kv_stages * tile_n * head_dim_v)
-        + aligned(q_and_o)
+        + q_and_o
         + aligned(kv_stages * tile_n * head_dim)
         + SMEM_ALIGN
     )
@@ -386,13 +398,14 @@ def shared_memory_bytes(
 
 def check_shared_memory(stage: SoftmaxStage, head_dim: int) -> None:
     """ValueError naming kv_stages and the most that fit when this stage's buffers exceed SMEM_PER_BLOCK."""
-    need = shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, stage.row_sum, stage.o_store)
+    knobs = dict(row_sum=stage.row_sum, o_store=stage.o_store, persistent=stage.persistent)
+    need = shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, **knobs)
     if need <= SMEM_PER_BLOCK:
         return
     fitting = [
         n
         for n in STAGE_KNOBS["kv_stages"].accepted
-        if shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, n, stage.row_sum, stage.o_store) <= SMEM_PER_BLOCK
+        if shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, n, **knobs) <= SMEM_PER_BLOCK
     ]
     raise ValueError(
         f"kv_stages={stage.kv_stages} at tile_m={stage.tile_m}, tile_n={stage.tile_n}, head dim {head_dim}, "
@@ -402,12 +415,26 @@ def check_shared_memory(stage: SoftmaxStage, head_dim: int) -> None:
 
 
 _compile_cache: dict = {}
+FAKE_MODE_SMS = 132  # the H100/H200 SXM's SM count, for compiles without a GPU to ask
 
 
-def _compile(config: KernelConfig, q, k, vt, out, lse, descale, index):
+def _sm_count(device: torch.device, fake: bool) -> int:
+    """A persistent grid's size (Note [Persistent work tiles]): the GPU's SM count, or the H200's without a GPU."""
+    return FAKE_MODE_SMS if fake else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _aux_data(descale, semaphore):
+    """FA4's aux tensors: the descales (Note [Descales]), then a persistent grid's counter and slots (Note [Dynamic
+    persistent order], its last aux tensor); NO_AUX_DATA without either."""
+    from flash_attn.cute.utils import AuxData
+
+    tensors = [t for t in (descale, semaphore) if t is not None]
+    return AuxData(tensors, None) if tensors else NO_AUX_DATA
+
+
+def _compile(config: KernelConfig, q, k, vt, out, lse, descale, semaphore, index):
     import cutlass.cute as cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
-    from flash_attn.cute.utils import AuxData
 
     from fa4_rowmax.stage.flash_fwd_sm90_fp8 import FlashAttentionForwardSm90Fp8
 
@@ -420,13 +447,15 @@ def _compile(config: KernelConfig, q, k, vt, out, lse, descale, index):
         tile_m=config.tile_m,
         tile_n=config.tile_n,
         num_stages=config.num_stages,
+        persistent_ctas=config.persistent_ctas,
     )
     q_t, k_t = to_cute_tensor(q), to_cute_tensor(k)
     vt_t = to_cute_tensor(vt, leading_dim=0 if config.varlen else 1)  # the key mode
     o_t = to_cute_tensor(out)
     lse_t = to_cute_tensor(lse, assumed_align=4)
-    aux = (
-        AuxData([to_cute_tensor(descale, assumed_align=4, leading_dim=2)], None) if descale is not None else NO_AUX_DATA
+    aux = _aux_data(
+        to_cute_tensor(descale, assumed_align=4, leading_dim=2) if descale is not None else None,
+        to_cute_tensor(semaphore, assumed_align=4, leading_dim=0) if semaphore is not None else None,
     )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
@@ -487,6 +516,8 @@ def flash_attn_fp8_sm90(
     - `kv_stages` (K and V^T tiles in flight, 2-5 as shared memory allows: Note [KV stages in shared memory]);
     - `scheduler_barrier=True` (tile_m=192: FA4's round-robin scheduler barrier between the three consumer
       warpgroups; Note [Three consumer warpgroups]);
+    - `persistent=True` (dense batches: one CTA per SM taking work tiles as it frees up, the next tile's loads
+      under this one's last GEMM and epilogue; Note [Persistent work tiles] in stage/flash_fwd_sm90_fp8.py);
     - `pv_accumulation` ("two_level": each tile's P V in a fresh accumulator, added into fp32 O, accurate at any
       length; "single": O is the FP8 MMA's accumulator, whose truncation grows O's error with the key count;
       Note [Two-level P.V accumulation]);
@@ -610,6 +641,8 @@ def _forward(
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
+    from flash_attn.cute.testing import is_fake_mode
+
     config = KernelConfig(
         head_dim=head_dim,
         qhead_per_kvhead=heads_q // heads_kv,
@@ -618,9 +651,8 @@ def _forward(
         varlen=varlen,
         seqused_q=seqused_q is not None,
         seqused_k=seqused_k is not None,
+        persistent_ctas=_sm_count(q.device, is_fake_mode()) if stage.persistent else 0,
     )
-
-    from flash_attn.cute.testing import is_fake_mode
 
     row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
     # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum
@@ -652,13 +684,17 @@ def _forward(
         from fa4_rowmax.stage.v_transpose import v_transpose
 
         vt, descale = v_transpose(v, *descales, row_sum_rows=row_sum_rows)
+    # Note [Dynamic persistent order]: the counter and the slots, zeroed per call.
+    semaphore = (
+        torch.zeros(semaphore_numel(config.persistent_ctas), dtype=torch.int32, device=q.device)
+        if config.persistent_ctas
+        else None
+    )
     if config not in _compile_cache:
-        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale, index)
+        _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale, semaphore, index)
     if fake:
         return out, lse
-    from flash_attn.cute.utils import AuxData
-
-    aux = AuxData([descale], None) if descale is not None else NO_AUX_DATA
+    aux = _aux_data(descale, semaphore)
     q_u8, k_u8, vt_u8 = (t.view(torch.uint8) for t in (q, k, vt))
     _compile_cache[config](
         q_u8,

@@ -202,7 +202,8 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store` (fa4_rowmax/fp8_sm90.py).
+    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store`, `persistent`
+    (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
@@ -221,6 +222,7 @@ class SoftmaxStage:
     arrive_after_pv: bool = STAGE_KNOBS["arrive_after_pv"].default  # Note [Scheduler window after the P.V GEMM]
     scheduler_barrier: bool = STAGE_KNOBS["scheduler_barrier"].default  # Note [Three consumer warpgroups]
     o_store: str = STAGE_KNOBS["o_store"].default  # Note [O's tile without the row-sum columns]
+    persistent: bool = STAGE_KNOBS["persistent"].default  # Note [Persistent work tiles]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None
@@ -295,6 +297,11 @@ class SoftmaxStage:
                     "rescale_vote=True applies to pv_accumulation='single' only: two-level accumulation promotes every "
                     "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
                     "accumulation]); accepted with pv_accumulation='two_level': rescale_vote=False"
+                )
+            if self.persistent and any(features.get(name) is not None for name in FP8_SM90_VARLEN_ARGS):
+                raise ValueError(
+                    "persistent=True applies to dense batches (Note [Persistent work tiles]): a varlen call runs "
+                    "FA4's varlen scheduler; accepted with cu_seqlens_q/k or seqused_q/k: persistent=False"
                 )
             if self.arrive_after_pv and self.intra_wg_overlap:
                 raise ValueError(

@@ -98,6 +98,9 @@ CONFIGS = {
         head_dim=64, softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim"
     ),
     "d64_exact_mma_m192_n160_sb_o_head_dim": dict(_EXACT_M192, head_dim=64, scheduler_barrier=True, o_store="head_dim"),
+    # The persistent grid (Note [Persistent work tiles]) at the head-dim-128 causal defaults of both tilings.
+    "h15_sat_mma_n256_nooverlap_o_head_dim_persistent": dict(_H15_N256, o_store="head_dim", persistent=True),
+    "exact_mma_m192_n160_o_head_dim_persistent": dict(_EXACT_M192, o_store="head_dim", persistent=True),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 STAGE_KNOBS_DEFAULTS = {
@@ -253,7 +256,14 @@ def test_no_spill_in_the_main_loop_at_tile_128(compiled, name):
     assert ops[MAIN_LOOP_LOCAL] == 0, {op: n for op, n in ops.items() if op.startswith(("STL", "LDL"))}
 
 
-@pytest.mark.parametrize("name", ["h15_sat_mma_n256_nooverlap", "h15_sat_mma_n256_nooverlap_arrive"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "h15_sat_mma_n256_nooverlap",
+        "h15_sat_mma_n256_nooverlap_arrive",
+        "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
+    ],
+)
 def test_no_spill_in_the_main_loop_at_tile_256_without_overlap(compiled, name):
     """Without intra-warpgroup overlap S and the second accumulator are never live together (Note [Two-level P.V
     accumulation]), so the largest wgmma N fits: no local-memory traffic between the first and the last GMMA."""
@@ -385,6 +395,7 @@ def test_the_shared_memory_estimate_holds_the_traced_storage(compiled, name):
         knobs["kv_stages"],
         knobs["row_sum"],
         knobs["o_store"],
+        knobs.get("persistent", False),
     )
     assert ops[SHARED_STORAGE] <= estimate <= ops[SHARED_STORAGE] + SMEM_ALIGN, (ops[SHARED_STORAGE], estimate)
 
@@ -401,3 +412,31 @@ def test_o_without_the_row_sum_columns_is_stored_in_two_tma_boxes(compiled):
         assert count(narrow, op) == count(wide, op), op
     assert (count(wide, "FFMA") - count(narrow, "FFMA"), count(wide, "F2FP") - count(narrow, "F2FP")) == (4, 2)
     assert narrow[SHARED_STORAGE] < wide[SHARED_STORAGE]
+
+
+@pytest.mark.parametrize(
+    "name, base",
+    [
+        ("h15_sat_mma_n256_nooverlap_o_head_dim_persistent", "h15_sat_mma_n256_nooverlap_o_head_dim"),
+        ("exact_mma_m192_n160_o_head_dim_persistent", "exact_mma_m192_n160_o_head_dim"),
+    ],
+)
+def test_persistent_grid_gives_o_its_own_tile_and_takes_tiles_by_one_atomic(compiled, name, base):
+    """Note [Persistent work tiles]: O's shared tile is a region of its own (the storage grows by Q's tile, which O
+    no longer overlays: tile_m x head_dim e4m3 bytes, O being tile_m x head_dim BF16, twice that); Note [Dynamic
+    persistent order]: one global atomic per work tile, in the producer warp, and the same main loop (QGMMA,
+    register split, per-element work as the one-CTA-per-tile kernel)."""
+    kwargs, ops = compiled[name]
+    _, base_ops = compiled[base]
+    tile_m, head_dim = kwargs.get("tile_m", 128), kwargs.get("head_dim", 128)
+    assert ops[SHARED_STORAGE] - base_ops[SHARED_STORAGE] == tile_m * head_dim
+    atomics = {op: n for op, n in ops.items() if op.startswith(("ATOM", "RED"))}
+    assert atomics == {"ATOMG.E.ADD.STRONG.GPU": 1}, atomics
+    assert not any(op.startswith(("ATOM", "RED")) for op in base_ops)
+    assert ops[CONSUMER_REGISTERS] == base_ops[CONSUMER_REGISTERS]
+    for op in ("FFMA", "FFMA.SAT", "MUFU.EX2"):
+        assert count(ops, op) == count(base_ops, op), op
+    assert abs(count(ops, "PRMT") - count(base_ops, "PRMT")) <= 4  # the H15 pack's 3 a word, beside a few of FA4's
+    assert {op: n for op, n in ops.items() if op.startswith("QGMMA")} == {
+        op: n for op, n in base_ops.items() if op.startswith("QGMMA")
+    }

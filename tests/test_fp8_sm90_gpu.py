@@ -334,6 +334,62 @@ def test_arrive_after_pv_is_bit_identical(shape, causal, mode, knobs):
         assert torch.equal(a.view(view), b.view(view))
 
 
+# Note [Persistent work tiles]: (shape (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), causal, mode, knobs,
+# descales). Every shape but the last gives most CTAs several work tiles (132 SMs).
+PERSISTENT_CASES = [
+    ((2, 4096, 4096, 16, 16, 128), True, "rowmax_h15", {}, False),  # the defaults: tile_m 128, tile 256; 1,024 tiles
+    ((2, 4096, 4096, 16, 16, 128), True, "exact", {}, True),  # with descales: the counter is the second aux tensor
+    ((4, 2048, 2048, 16, 4, 128), True, "rowmax_h15", {}, True),  # causal GQA packed: three warpgroups (416 threads)
+    ((3, 1000, 4099, 16, 16, 128), False, "rowmax_h15", {}, False),  # non-causal defaults, off the tile grid
+    ((3, 1000, 4099, 16, 16, 128), False, "exact", {}, False),
+    ((2, 777, 1531, 8, 2, 128), True, "rowmax_h15", {"tile_n": 192, "intra_wg_overlap": True}, False),  # overlap
+    ((1, 1531, 777, 16, 16, 128), True, "exact", {"pv_accumulation": "single"}, False),  # rows with no key
+    ((8, 1024, 1024, 14, 2, 64), True, "rowmax_h15", {}, False),  # head dim 64, GQA 7 unpacked (Qwen2.5-0.5B)
+    ((8, 1024, 1024, 16, 16, 64), False, "exact", {}, False),  # head dim 64: the round-robin barrier
+    ((1, 100, 300, 1, 1, 128), False, "rowmax_h15", {}, False),  # one work tile: a grid of one CTA
+]
+
+
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.parametrize("shape, causal, mode, knobs, descales", PERSISTENT_CASES, ids=str)
+def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
+    """Note [Persistent work tiles]: a persistent grid changes which CTA runs a work tile and when, never what it
+    computes, so out and LSE equal FA4's one-CTA-per-tile grid bit for bit (a NaN in q included). A tile taken twice or
+    never (Note [Dynamic persistent order]), the next Q loaded over O in shared memory, or softmax state carried from
+    a CTA's previous tile would show (the output memory is poisoned with NaN first; two runs, since the order in which
+    CTAs take tiles changes from run to run)."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(hash((shape, causal, mode, "persistent")) % 2**31, *shape)
+    q[0, shape[1] // 2, 0, 5] = math.nan
+    names = ("q_descale", "k_descale", "v_descale")
+    scales = dict(zip(names, random_descales(3, shape[0], shape[4]))) if descales else {}
+    results = []
+    for persistent in (False, True, True):
+        poison_allocator()
+        results.append(
+            flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, persistent=persistent, **knobs, **scales)
+        )
+    torch.cuda.synchronize()
+    assert torch.isfinite(results[0][0][1:].float()).all()
+    for result in results[1:]:
+        for a, b in zip(results[0], result):
+            view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(a.view(view), b.view(view))
+
+
+def test_persistent_grid_is_refused_for_varlen():
+    """Note [Persistent work tiles]: a varlen call runs FA4's varlen scheduler, so persistent=True is refused there
+    by name rather than ignored."""
+    from fa4_rowmax.interface import softmax_stage
+
+    stage = softmax_stage("rowmax_h15", persistent=True)
+    assert stage.for_kernel(arch=90, q_dtype=E4M3).persistent
+    cu = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^persistent=True applies to dense batches.*persistent=False"):
+        stage.for_kernel(arch=90, q_dtype=E4M3, features={"cu_seqlens_q": cu, "cu_seqlens_k": cu})
+
+
 @pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 @pytest.mark.parametrize("heads_q", [8, 14])  # packed GQA 4, unpacked GQA 7 (the K/V head of each Q head)
@@ -567,6 +623,7 @@ def test_bad_arguments_raise(kwargs, match):
         (dict(exp2_deleted="yes"), TypeError, "exp2_deleted must be a bool"),
         (dict(arrive_after_pv=1), TypeError, "arrive_after_pv must be a bool"),
         (dict(scheduler_barrier="yes"), TypeError, "scheduler_barrier must be a bool"),
+        (dict(persistent="yes"), TypeError, "persistent must be a bool"),
         (dict(tile_n=128.0), TypeError, r"tile_n must be an int, one of \(128, 160, 192, 224, 256\)"),
         (dict(rescale_threshold=True), TypeError, "rescale_threshold must be None"),
         (dict(rescale_threshold=10**400), ValueError, "rescale_threshold must be None .* >= 0"),

@@ -96,6 +96,19 @@ a row's columns in chunks of 8, one after another in each thread's registers, so
 the first head_dim / 8 chunks, the whole of an N = head_dim accumulator (`_tiled_mma_pv(head_dim)`), and the row
 sum's chunk, read before the epilogue (`row_sum_from_acc_O`), is left out. Values are unchanged.
 
+Note [Persistent work tiles]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With `persistent` (dense batches) the grid is one CTA per SM and each CTA walks work tiles in FA4's own producer
+and consumer loops (`tile_scheduler_sm90.DynamicPersistentTileScheduler`, Note [Dynamic persistent order], through
+FA4's seam `select_tile_scheduler`, patch 0002). The consumers release Q before a tile's last P.V GEMM, so the
+producer loads the next tile's Q while this tile's last GEMM and epilogue run. FA4 stages O's tile in Q's buffer,
+which that load would then overwrite, or be overwritten by: O's BF16 bytes read as e4m3 Q include NaNs (0x7F,
+0xFF), the rows of NaN the withdrawn persistent grid of commit 549de6f produced (docs/fp8_sm90.md, Levers). So O
+gets a shared region of its own, a struct field (`o_smem_tensor`, FA4's seam, patch 0002), not an offset into Q's
+buffer. Its reuse from tile to tile is FA4's: the epilogue's first barrier waits for every consumer thread,
+including the warp that awaited the previous tile's O store (`cp_async_bulk_wait_group(0, read=True)`). At head
+dim 128, tile 256, shared memory is 16 KB of Q, 32 KB of O, 64 KB of K and 68 KB of V^T (two stages).
+
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A varlen V^T holds sequence b's keys from FA4's padded offset `padded_offset_k` with the kernel's tile_n, not
@@ -109,7 +122,7 @@ FA4's. The seam records that it moved V^T, and the trace fails if FA4's producer
 (tests/test_fp8_sm90_varlen.py also pins the FA4 lines it relies on).
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Optional
@@ -125,6 +138,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from quack import sm90_utils
 
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90
+from fa4_rowmax.stage.tile_scheduler_sm90 import dynamic_persistent_scheduler
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
@@ -182,6 +196,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         tile_m: int = 128,
         tile_n: int = 128,
         num_stages: int = 2,
+        persistent_ctas: int = 0,
     ):
         # Note [Row sum by the MMA]: V^T and O carry ROW_SUM_COLUMNS more columns (PV GEMM N = head_dim + 8).
         head_dim_v = head_dim + (ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0)
@@ -219,6 +234,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # Note [O's tile without the row-sum columns]: the columns FA4's seam (patch 0002) gives O's shared tile and
         # TMA store, and this epilogue; None: FA4's, the P.V GEMM's.
         self.o_columns = head_dim if stage.o_store == "head_dim" and head_dim_v != head_dim else None
+        # Note [Persistent work tiles]: the grid's size (the GPU's SM count) with stage.persistent; 0, FA4's one CTA per
+        # work tile.
+        self.persistent_ctas = persistent_ctas
+        assert (persistent_ctas > 0) == stage.persistent, "persistent_ctas is the SM count exactly when persistent"
 
     def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
         if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
@@ -285,12 +304,16 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
         )
-        # Note [FP8 kernel dtypes]: O (BF16) reuses the Q buffer.
-        cosize_sQO = max(
-            cute.cosize(self.sQ_layout),
-            cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width,
-        )
+        # Note [FP8 kernel dtypes]: O (BF16) reuses the Q buffer, or has its own (Note [Persistent work tiles]).
+        cosize_sQO = cute.cosize(self.sQ_layout)
+        if const_expr(not self.persistent_ctas):
+            cosize_sQO = max(cosize_sQO, cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width)
         sQ_struct = cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cosize_sQO], self.buffer_align_bytes]
+        # Zero bytes when O reuses Q's buffer.
+        sO_struct = cute.struct.Align[
+            cute.struct.MemRange[self.dtype, cute.cosize(self.sO_layout) if self.persistent_ctas else 0],
+            self.buffer_align_bytes,
+        ]
         sK_struct, sV_struct = [
             cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(layout)], self.buffer_align_bytes]
             for layout in (self.sK_layout, self.sV_layout)
@@ -309,8 +332,25 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             sQ: sQ_struct
             sK: sK_struct
             sP: sP_struct
+            sO: sO_struct
 
         return SharedStorageFp8
+
+    def o_smem_tensor(self, storage, sO_layout):
+        """FA4's seam (patch 0002): O's shared tile over Q's buffer, or in its own with a persistent grid (Note
+        [Persistent work tiles])."""
+        if const_expr(not self.persistent_ctas):
+            return super().o_smem_tensor(storage, sO_layout)
+        return storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+
+    def select_tile_scheduler(self, TileScheduler, tile_sched_args, aux_data):
+        """FA4's seam (patch 0002): with a persistent grid, the dynamic persistent scheduler on dense batches, its
+        counter and slots in FA4's last aux tensor (Note [Dynamic persistent order], tile_scheduler_sm90.py)."""
+        if const_expr(not self.persistent_ctas):
+            return TileScheduler, tile_sched_args
+        assert tile_sched_args.mCuSeqlensQ is None and tile_sched_args.mSeqUsedQ is None, "dense batches only"
+        scheduler = dynamic_persistent_scheduler(self.persistent_ctas, self.num_mma_threads)
+        return scheduler, replace(tile_sched_args, tile_count_semaphore=aux_data.tensors[-1].iterator)
 
     @cute.jit
     def epilogue(
