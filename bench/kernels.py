@@ -1024,11 +1024,12 @@ def _fp8_specs() -> list[KernelSpec]:
         for mode in ("exact", "rowmax_h15")
         for accumulation in FP8_PV_ACCUMULATIONS
     ]
-    # The direct call's defaults on a persistent grid (Note [Persistent work tiles]): lever rows beside the
-    # two-level rows above (flash_attn_func takes no knob).
+    # The direct call's defaults on each grid (Note [Persistent work tiles]), whichever the defaults take: lever rows
+    # beside the two-level rows above (flash_attn_func takes no knob).
     variants += [
-        (f"{fp8_accumulation_name(mode, 'two_level')}_persistent", {"softmax_mode": mode, "persistent": True})
+        (f"{fp8_accumulation_name(mode, 'two_level')}_{suffix}", {"softmax_mode": mode, "persistent": persistent})
         for mode in ("exact", "rowmax_h15")
+        for suffix, persistent in (("persistent", True), ("per_tile", False))
     ]
     variants += list(FP8_O_STORE.items())
     variants += list(FP8_TUNED_TILE_M.items())

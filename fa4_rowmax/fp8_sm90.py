@@ -100,6 +100,11 @@ class KernelConfig:
 #   barrier (3-16 % over no barrier there: the round-robin staggers the warpgroups' exponentials).
 # - Causal calls whose GQA packs a 192-row tile to few positions take three warpgroups (Note [Causal tiles that
 #   pack GQA]).
+# - A persistent grid (Note [Persistent work tiles]) for the exact twin everywhere and for H15 under a causal mask
+#   with two warpgroups (sixteenth session, bench/results/h200_2026-12-04_s16/: the exact twin +0-10 % over FA4's
+#   grid, H15 causal at tile_m 128 +2-14 % at head dim 128 and -2 to +11 % at 64; H15 with three warpgroups or
+#   non-causal at head dim 64 lost up to 4 % at 16K-32K, so those keep FA4's grid). Dense batches only (varlen keeps
+#   FA4's scheduler), and only where O's own tile fits beside the caller's kv_stages.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
 # exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
 # entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the
@@ -113,18 +118,20 @@ _H15_M128 = dict(clamp="sat", row_sum="mma", tile_n=256, intra_wg_overlap=False,
 _EXACT_M128 = dict(row_sum="mma", tile_n=256, intra_wg_overlap=False, o_store="head_dim")
 _EXACT_M192 = dict(row_sum="mma", tile_n=160, intra_wg_overlap=False, o_store="head_dim")
 _EXACT_M192_ROUND_ROBIN = dict(_EXACT_M192, scheduler_barrier=True)
+_H15_D64_M128 = dict(clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim")
+_PERSISTENT = dict(persistent=True)  # Note [Persistent work tiles]
 TUNED_DEFAULTS = {  # (mode, head_dim, causal) -> {tile_m: the knobs at that tile_m}
     ("rowmax_h15", 128, False): {192: _H15_M192, 128: _H15_M128},
-    ("rowmax_h15", 128, True): {192: _H15_M192, 128: _H15_M128},
-    ("rowmax_h15", 64, False): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim")},
-    ("rowmax_h15", 64, True): {192: _H15_M192, 128: dict(clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim")},
-    ("exact", 128, False): {192: _EXACT_M192, 128: _EXACT_M128},
-    ("exact", 128, True): {192: _EXACT_M192, 128: _EXACT_M128},
+    ("rowmax_h15", 128, True): {192: _H15_M192, 128: {**_H15_M128, **_PERSISTENT}},
+    ("rowmax_h15", 64, False): {192: _H15_M192, 128: _H15_D64_M128},
+    ("rowmax_h15", 64, True): {192: _H15_M192, 128: {**_H15_D64_M128, **_PERSISTENT}},
+    ("exact", 128, False): {192: {**_EXACT_M192, **_PERSISTENT}, 128: {**_EXACT_M128, **_PERSISTENT}},
+    ("exact", 128, True): {192: {**_EXACT_M192, **_PERSISTENT}, 128: {**_EXACT_M128, **_PERSISTENT}},
     ("exact", 64, False): {
-        192: _EXACT_M192_ROUND_ROBIN,
-        128: dict(row_sum="mma", tile_n=192, intra_wg_overlap=False, o_store="head_dim"),
+        192: {**_EXACT_M192_ROUND_ROBIN, **_PERSISTENT},
+        128: dict(row_sum="mma", tile_n=192, intra_wg_overlap=False, o_store="head_dim", **_PERSISTENT),
     },
-    ("exact", 64, True): {192: _EXACT_M192_ROUND_ROBIN, 128: {}},
+    ("exact", 64, True): {192: {**_EXACT_M192_ROUND_ROBIN, **_PERSISTENT}, 128: _PERSISTENT},
 }
 TUNED_TILE_M = {
     ("rowmax_h15", 128, False): 192,
@@ -224,7 +231,16 @@ def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhea
         tuned.pop("clamp", None)
     if stage.exp2_deleted:
         return replace(stage, **{k: v for k, v in tuned.items() if k in ("tile_m", "tile_n", "intra_wg_overlap")})
-    return replace(stage, **tuned)
+    tuned_stage = replace(stage, **tuned)
+    if tuned.get("persistent") and not _fits_persistent(tuned_stage, head_dim):
+        # The caller's kv_stages leave no room for O's own tile (Note [Persistent work tiles]): FA4's grid.
+        tuned_stage = replace(tuned_stage, persistent=False)
+    return tuned_stage
+
+
+def _fits_persistent(stage: SoftmaxStage, head_dim: int) -> bool:
+    knobs = dict(row_sum=stage.row_sum, o_store=stage.o_store, persistent=True)
+    return shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, **knobs) <= SMEM_PER_BLOCK
 
 
 def call_stage(
@@ -409,7 +425,8 @@ def check_shared_memory(stage: SoftmaxStage, head_dim: int) -> None:
     ]
     raise ValueError(
         f"kv_stages={stage.kv_stages} at tile_m={stage.tile_m}, tile_n={stage.tile_n}, head dim {head_dim}, "
-        f"row_sum={stage.row_sum!r} needs {need:,} bytes of shared memory a block, more than the {SMEM_PER_BLOCK:,} "
+        f"row_sum={stage.row_sum!r}{', persistent=True' if stage.persistent else ''} needs {need:,} bytes of shared "
+        f"memory a block, more than the {SMEM_PER_BLOCK:,} "
         f"an SM90 block can have (Note [KV stages in shared memory]); accepted there: kv_stages in {tuple(fitting)}"
     )
 
@@ -630,6 +647,8 @@ def _forward(
             _check_caller_buffer(name, buffer, shape, dtype, q.device)
     features = dict(features or {}, **varlen_args, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)))
     stage = tuned_stage(stage, head_dim, causal, explicit, heads_q // heads_kv)
+    if varlen and "persistent" not in explicit:  # Note [Persistent work tiles]: dense batches only
+        stage = replace(stage, persistent=False)
     stage = stage.for_kernel(arch=90, q_dtype=q.dtype, features=features)
     check_shared_memory(stage, head_dim)
     if stage.row_sum == "mma" and stage.pv_accumulation == "single" and total_k > MMA_ROW_SUM_MAX_KEYS:
@@ -641,6 +660,15 @@ def _forward(
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
+
+    row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
+    # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum
+    # columns at out's last dimension, so out stays a contiguous tensor of q's shape.
+    out = torch.empty(*q.shape[:-1], head_dim, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if total_q == 0 or total_k == 0:  # FA4's rule (_flash_attn_fwd): no rows, or no key for any row
+        return out.zero_(), lse.fill_(-math.inf)
+    _check_cuda(q, k, v)
     from flash_attn.cute.testing import is_fake_mode
 
     config = KernelConfig(
@@ -653,15 +681,6 @@ def _forward(
         seqused_k=seqused_k is not None,
         persistent_ctas=_sm_count(q.device, is_fake_mode()) if stage.persistent else 0,
     )
-
-    row_sum_rows = ROW_SUM_COLUMNS if stage.row_sum == "mma" else 0
-    # Note [Row sum by the MMA]: the kernel's O tile has head_dim + 8 columns; its TMA store clips the 8 row-sum
-    # columns at out's last dimension, so out stays a contiguous tensor of q's shape.
-    out = torch.empty(*q.shape[:-1], head_dim, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    if total_q == 0 or total_k == 0:  # FA4's rule (_flash_attn_fwd): no rows, or no key for any row
-        return out.zero_(), lse.fill_(-math.inf)
-    _check_cuda(q, k, v)
     tile_n = stage.tile_n
     index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     fake = is_fake_mode()
