@@ -378,6 +378,19 @@ def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
             assert torch.equal(a.view(view), b.view(view))
 
 
+def test_persistent_grid_refuses_the_row_sum_columns_in_o():
+    """Note [Persistent work tiles]: O's tile at head_dim + 8 columns (row_sum="mma", o_store="pv_columns") faulted on
+    the persistent grid (studies/fp8_sm90/persistent_fault.py), so it is refused by name; o_store="head_dim" and the
+    FADD row sum are accepted."""
+    from fa4_rowmax.interface import softmax_stage
+
+    for knobs in (dict(row_sum="mma", o_store="head_dim"), dict(row_sum="fadd")):
+        assert softmax_stage("exact", persistent=True, **knobs).for_kernel(arch=90, q_dtype=E4M3).persistent
+    stage = softmax_stage("exact", persistent=True, row_sum="mma", o_store="pv_columns")
+    with pytest.raises(ValueError, match=r"^persistent=True with row_sum='mma' needs o_store='head_dim'.*"):
+        stage.for_kernel(arch=90, q_dtype=E4M3)
+
+
 def test_persistent_grid_is_refused_for_varlen():
     """Note [Persistent work tiles]: a varlen call runs FA4's varlen scheduler, so persistent=True is refused there
     by name rather than ignored."""

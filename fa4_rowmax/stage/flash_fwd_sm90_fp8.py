@@ -108,6 +108,11 @@ gets a shared region of its own, a struct field (`o_smem_tensor`, FA4's seam, pa
 buffer. Its reuse from tile to tile is FA4's: the epilogue's first barrier waits for every consumer thread,
 including the warp that awaited the previous tile's O store (`cp_async_bulk_wait_group(0, read=True)`). At head
 dim 128, tile 256, shared memory is 16 KB of Q, 32 KB of O, 64 KB of K and 68 KB of V^T (two stages).
+Refused: O's tile at head_dim + 8 columns (row_sum="mma" with o_store="pv_columns"). On the H200 it faulted (an
+illegal address) at head dim 64, tile 192, whatever beta, overlap, GQA or length, and ran bit for bit at head dim
+128 and at tile 128 (studies/fp8_sm90/persistent_fault.py, bench/results/h200_2026-12-04_s16/). A reading, not
+measured: FA4's epilogue touches shared memory past that 72-column tile's layout; over Q's buffer the excess lands
+in K's, which no one reads after the main loop, while O's own region ends the allocation.
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
