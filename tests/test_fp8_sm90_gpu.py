@@ -378,6 +378,23 @@ def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
             assert torch.equal(a.view(view), b.view(view))
 
 
+def test_dynamic_persistent_scheduler_factory_checks_its_sizes():
+    """Note [Dynamic persistent order]: one scheduler class per SM count and consumer thread count (the named
+    barriers' size); the counter and two slots per CTA in one int32 tensor."""
+    from flash_attn.cute.named_barrier import NamedBarrierFwd
+
+    from fa4_rowmax.stage.tile_scheduler_sm90 import SLOT_BARRIERS, dynamic_persistent_scheduler, semaphore_numel
+
+    scheduler = dynamic_persistent_scheduler(132, 384)
+    assert (scheduler.num_ctas, scheduler.consumer_threads) == (132, 384)
+    assert semaphore_numel(132) == 265
+    assert min(SLOT_BARRIERS) > max(NamedBarrierFwd) and max(SLOT_BARRIERS) < 16  # FA4's ids, and the hardware's 16
+    with pytest.raises(ValueError, match=r"num_ctas must be an int >= 1"):
+        dynamic_persistent_scheduler(0, 256)
+    with pytest.raises(ValueError, match=r"consumer_threads must be 256 or 384"):
+        dynamic_persistent_scheduler(132, 128)
+
+
 def test_persistent_grid_refuses_the_row_sum_columns_in_o():
     """Note [Persistent work tiles]: O's tile at head_dim + 8 columns (row_sum="mma", o_store="pv_columns") faulted on
     the persistent grid (studies/fp8_sm90/persistent_fault.py), so it is refused by name; o_store="head_dim" and the
