@@ -8,6 +8,7 @@
 #   bash scripts/h200_session.sh tilem OUT        # the FP8 benchmark's tile_m=192 rows beside the defaults, 8K-32K
 #   bash scripts/h200_session.sh defaults OUT     # the FP8 GPU tests through the tuned defaults: the long-row contract,
 #                                                 # the SM90 FP8 file, varlen, the FP8 gates and hf (~8 minutes)
+#   bash scripts/h200_session.sh persistentdefaults OUT  # the same with the persistent grid in every tuned entry
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
 #                                                 # and at the default three (tile 160), the tile_m 192 probe (~4 min)
 #   bash scripts/h200_session.sh roundrobin OUT   # three warpgroups under FA4's round-robin scheduler barrier, with its
@@ -184,6 +185,9 @@ case "$STEP" in
       > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8.log"
     timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_varlen.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
       > "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" ;;
+  persistentdefaults)
+    # issue 22: the defaults step with the persistent grid in every tuned entry (Note [Persistent defaults under test])
+    LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
   kvstages)
     # issue 22: more K/V stages in flight (Note [KV stages in shared memory]) for three warpgroups and tile 192
     timeout 200 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "three_warpgroups_and_kv_stages" \
@@ -259,6 +263,7 @@ case "$STEP" in
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
   *) echo "h200_session.sh: step must be accuracy, peers, ostore, bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
-       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long or qwen15fp8long; got '$STEP'" >&2
+       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long, qwen15fp8long or persistentdefaults;" \
+       "got '$STEP'" >&2
      exit 2 ;;
 esac

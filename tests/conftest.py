@@ -32,6 +32,15 @@ HAS_CUDA = torch.cuda.is_available()
 # compile tests unset it in their subprocesses (the interpreter replaces compilation).
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Note [Persistent defaults under test]: LOWPREC_FP8_PERSISTENT_DEFAULTS=1 runs the suite as if every entry of Note
+# [Tuned defaults] (fa4_rowmax/fp8_sm90.py) took the persistent grid (Note [Persistent work tiles]), the check a
+# default needs before it becomes one (`bash scripts/h200_session.sh persistentdefaults OUT`). Unset, nothing changes.
+if os.environ.get("LOWPREC_FP8_PERSISTENT_DEFAULTS") == "1":
+    from fa4_rowmax import fp8_sm90
+
+    for entries in fp8_sm90.TUNED_DEFAULTS.values():
+        for tile_m, knobs in entries.items():
+            entries[tile_m] = {**knobs, "persistent": True}
 STRICT_SKIPS = os.environ.get("LOWPREC_STRICT_SKIPS") == "1"
 ALLOWED_SKIP_PREFIXES = ("needs a CUDA GPU", "opt-in:")
 
