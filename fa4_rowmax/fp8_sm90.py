@@ -228,13 +228,16 @@ def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhea
     if stage.exp2_deleted:
         return replace(stage, **{k: v for k, v in tuned.items() if k in ("tile_m", "tile_n", "intra_wg_overlap")})
     tuned_stage = replace(stage, **tuned)
-    if tuned.get("persistent") and not _fits_persistent(tuned_stage, head_dim):
-        # The caller's kv_stages leave no room for O's own tile (Note [Persistent work tiles]): FA4's grid.
+    if tuned.get("persistent") and not _admits_persistent(tuned_stage, head_dim):
         tuned_stage = replace(tuned_stage, persistent=False)
     return tuned_stage
 
 
-def _fits_persistent(stage: SoftmaxStage, head_dim: int) -> bool:
+def _admits_persistent(stage: SoftmaxStage, head_dim: int) -> bool:
+    """Whether the caller's knobs leave a tuned persistent grid possible (Note [Persistent work tiles]): room for O's
+    own tile beside their kv_stages, and not O's tile with the row-sum columns (refused there)."""
+    if stage.row_sum == "mma" and stage.o_store == "pv_columns":
+        return False
     knobs = dict(row_sum=stage.row_sum, o_store=stage.o_store, persistent=True)
     return shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, **knobs) <= SMEM_PER_BLOCK
 

@@ -395,6 +395,32 @@ def test_dynamic_persistent_scheduler_factory_checks_its_sizes():
         dynamic_persistent_scheduler(132, 128)
 
 
+def test_a_tuned_persistent_grid_yields_to_the_callers_knobs(monkeypatch):
+    """Note [Tuned defaults]: a persistent entry never turns a call the one-CTA-per-tile grid runs into a refusal: it
+    keeps FA4's grid where the caller's knobs put the row-sum columns in O's tile or leave no shared memory for O's
+    own tile (kv_stages), and otherwise runs persistent."""
+    from fa4_rowmax import fp8_sm90
+
+    key = ("exact", 64, True)
+    monkeypatch.setitem(
+        fp8_sm90.TUNED_DEFAULTS, key, {m: {**k, "persistent": True} for m, k in fp8_sm90.TUNED_DEFAULTS[key].items()}
+    )
+    assert fp8_sm90.call_stage("exact", 64, True).persistent
+    assert not fp8_sm90.call_stage("exact", 64, True, tile_n=192, row_sum="mma").persistent
+    assert fp8_sm90.call_stage("exact", 64, True, tile_n=192, row_sum="mma", o_store="head_dim").persistent
+    key = ("exact", 128, True)
+    monkeypatch.setitem(
+        fp8_sm90.TUNED_DEFAULTS, key, {m: {**k, "persistent": True} for m, k in fp8_sm90.TUNED_DEFAULTS[key].items()}
+    )
+    assert fp8_sm90.call_stage("exact", 128, True).persistent
+    # GQA 4 under a causal mask takes three warpgroups at tile 160 (Note [Causal tiles that pack GQA]): 4 K/V stages
+    # fit there, O's own tile beside them does not.
+    tight = fp8_sm90.call_stage("exact", 128, True, qhead_per_kvhead=4, kv_stages=4)
+    assert (tight.tile_m, tight.tile_n, tight.persistent) == (192, 160, False)
+    sizes = [fp8_sm90.shared_memory_bytes(128, 192, 160, 4, tight.row_sum, tight.o_store, p) for p in (False, True)]
+    assert sizes[0] <= fp8_sm90.SMEM_PER_BLOCK < sizes[1]
+
+
 def test_persistent_grid_refuses_the_row_sum_columns_in_o():
     """Note [Persistent work tiles]: O's tile at head_dim + 8 columns (row_sum="mma", o_store="pv_columns") faulted on
     the persistent grid (studies/fp8_sm90/persistent_fault.py), so it is refused by name; o_store="head_dim" and the
