@@ -102,7 +102,9 @@ class KernelConfig:
 #   pack GQA]).
 # - None takes the persistent grid yet (Note [Persistent work tiles]): its first H200 run gained 0-14 % in most cells
 #   (bench/results/h200_2026-12-04_s16/), but the GPU suite under it stopped at a fault of a knob combination the
-#   bit-identity tests had not covered (now refused), so it stays the caller's choice until the suite passes under it.
+#   bit-identity tests had not covered (now refused), so it stays the caller's choice until the suite passes under it
+#   (LOWPREC_FP8_PERSISTENT_DEFAULTS=1, Note [Persistent defaults under test] in tests/conftest.py). An entry that takes
+#   it yields to the caller's knobs where they put the row-sum columns in O's tile or leave no room for O's own tile.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
 # exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
 # entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the
