@@ -9,6 +9,8 @@
 #   bash scripts/h200_session.sh defaults OUT     # the FP8 GPU tests through the tuned defaults: the long-row contract,
 #                                                 # the SM90 FP8 file, varlen, the FP8 gates and hf (~8 minutes)
 #   bash scripts/h200_session.sh persistentdefaults OUT  # the same with the persistent grid in every tuned entry
+#   bash scripts/h200_session.sh persistent OUT   # the defaults on FA4's grid and on the persistent one, and the
+#                                                 # exp2-deleted probe on each, beside FA3-FP8, 2K-32K (~3 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
 #                                                 # and at the default three (tile 160), the tile_m 192 probe (~4 min)
 #   bash scripts/h200_session.sh roundrobin OUT   # three warpgroups under FA4's round-robin scheduler barrier, with its
@@ -185,6 +187,13 @@ case "$STEP" in
       > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8.log"
     timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_varlen.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
       > "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" ;;
+  persistent)
+    # issue 22: the dynamic persistent grid (Note [Persistent work tiles]) beside FA4's grid at the direct call's defaults
+    timeout 500 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 7 --out "$OUT" \
+      --name h200_fp8_persistent --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_exact_two_level \
+      fa4_fp8_exact_two_level_persistent fa4_fp8_h15_two_level fa4_fp8_h15_two_level_persistent \
+      fa4_fp8_exact_noexp_defaults fa4_fp8_exact_noexp_defaults_persistent > "$OUT/bench.log" 2>&1
+    echo "persistent: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
     # issue 22: the defaults step with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
