@@ -1050,20 +1050,20 @@ def _fp8_specs() -> list[KernelSpec]:
     for name, probe in (
         ("fa4_fp8_exact_noexp", {"softmax_mode": "exact", "exp2_deleted": True}),
         ("fa4_fp8_exact_noexp_n192", {"softmax_mode": "exact", "exp2_deleted": True, "tile_n": 192}),
-        # At the defaults' structure: the probe takes tile_m, tile_n and the overlap from Note [Tuned defaults]
-        # (fp8_sm90.tuned_stage), the row sum and O's store are passed; at head dim 128 both modes' defaults.
+        # At the defaults' structure: the probe takes tile_m, tile_n, the overlap and the grid from Note [Tuned
+        # defaults] (fp8_sm90.tuned_stage), the row sum and O's store are passed; at head dim 128 both modes' defaults.
         (
             "fa4_fp8_exact_noexp_defaults",
             {"softmax_mode": "exact", "exp2_deleted": True, "row_sum": "mma", "o_store": "head_dim"},
         ),
         (
-            "fa4_fp8_exact_noexp_defaults_persistent",
+            "fa4_fp8_exact_noexp_defaults_per_tile",
             {
                 "softmax_mode": "exact",
                 "exp2_deleted": True,
                 "row_sum": "mma",
                 "o_store": "head_dim",
-                "persistent": True,
+                "persistent": False,
             },
         ),
         (

@@ -190,9 +190,9 @@ case "$STEP" in
   persistent)
     # issue 22: the dynamic persistent grid (Note [Persistent work tiles]) beside FA4's grid at the direct call's defaults
     timeout 500 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 7 --out "$OUT" \
-      --name h200_fp8_persistent --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_exact_two_level \
-      fa4_fp8_exact_two_level_persistent fa4_fp8_h15_two_level fa4_fp8_h15_two_level_persistent \
-      fa4_fp8_exact_noexp_defaults fa4_fp8_exact_noexp_defaults_persistent > "$OUT/bench.log" 2>&1
+      --name h200_fp8_persistent --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_exact_two_level_per_tile \
+      fa4_fp8_exact_two_level_persistent fa4_fp8_h15_two_level_per_tile fa4_fp8_h15_two_level_persistent \
+      fa4_fp8_exact_noexp_defaults fa4_fp8_exact_noexp_defaults_per_tile > "$OUT/bench.log" 2>&1
     echo "persistent: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
     # issue 22: the defaults step with the persistent grid in every tuned entry (Note [Persistent defaults under test])

@@ -99,9 +99,28 @@ CONFIGS = {
         head_dim=64, softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_n=192, o_store="head_dim"
     ),
     "d64_exact_mma_m192_n160_sb_o_head_dim": dict(_EXACT_M192, head_dim=64, scheduler_barrier=True, o_store="head_dim"),
-    # The persistent grid (Note [Persistent work tiles]) at the head-dim-128 causal defaults of both tilings.
+    # The persistent grid (Note [Persistent work tiles]) in the defaults that take it.
     "h15_sat_mma_n256_nooverlap_o_head_dim_persistent": dict(_H15_N256, o_store="head_dim", persistent=True),
     "exact_mma_m192_n160_o_head_dim_persistent": dict(_EXACT_M192, o_store="head_dim", persistent=True),
+    "exact_mma_n256_nooverlap_o_head_dim_persistent": dict(_EXACT_N256, o_store="head_dim", persistent=True),
+    "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent": dict(
+        _H15_M192, causal=False, tile_n=160, o_store="head_dim", persistent=True
+    ),
+    "noncausal_exact_mma_m192_n160_o_head_dim_persistent": dict(
+        _EXACT_M192, causal=False, o_store="head_dim", persistent=True
+    ),
+    "d64_h15_sat_mma_n192_o_head_dim_persistent": dict(
+        head_dim=64,
+        softmax_mode="rowmax_h15",
+        clamp="sat",
+        row_sum="mma",
+        tile_n=192,
+        o_store="head_dim",
+        persistent=True,
+    ),
+    "d64_exact_mma_m192_n160_sb_o_head_dim_persistent": dict(
+        _EXACT_M192, head_dim=64, scheduler_barrier=True, o_store="head_dim", persistent=True
+    ),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 STAGE_KNOBS_DEFAULTS = {
@@ -298,14 +317,14 @@ def test_kv_stages_change_no_arithmetic(compiled):
 
 
 DEFAULTS_COMPILED = {  # (mode, head dim, causal, GQA ratio) -> the configuration above that the call compiles
-    ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim",
+    ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
     ("rowmax_h15", 128, True, 4): "h15_sat_mma_m192_n160_o_head_dim",
-    ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_m192_n160_o_head_dim",
-    ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim",
-    ("exact", 128, True, 4): "exact_mma_m192_n160_o_head_dim",
-    ("exact", 128, False, 1): "noncausal_exact_mma_m192_n160_o_head_dim",
-    ("rowmax_h15", 64, True, 1): "d64_h15_sat_mma_n192_o_head_dim",
-    ("exact", 64, True, 1): "d64_exact_mma_m192_n160_sb_o_head_dim",
+    ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent",
+    ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim_persistent",
+    ("exact", 128, True, 4): "exact_mma_m192_n160_o_head_dim_persistent",
+    ("exact", 128, False, 1): "noncausal_exact_mma_m192_n160_o_head_dim_persistent",
+    ("rowmax_h15", 64, True, 1): "d64_h15_sat_mma_n192_o_head_dim_persistent",
+    ("exact", 64, True, 1): "d64_exact_mma_m192_n160_sb_o_head_dim_persistent",
 }
 # Local-memory accesses between the first and the last GMMA of today's compile of the three-warpgroup defaults: at
 # 160 registers a thread the MMA row sum's 8 accumulator columns push a few registers out around the P.V GEMM
@@ -318,6 +337,8 @@ MAIN_LOOP_LOCAL_BOUND = {
     "h15_sat_mma_m192_n160_o_head_dim": 10,
     "exact_mma_m192_n160_o_head_dim": 49,
 }
+# The persistent grid's loop (Note [Persistent work tiles]) holds the same main loop: the same bound.
+MAIN_LOOP_LOCAL_BOUND.update({f"{name}_persistent": bound for name, bound in MAIN_LOOP_LOCAL_BOUND.items()})
 
 
 @pytest.mark.parametrize("key", sorted(DEFAULTS_COMPILED))
@@ -340,6 +361,7 @@ def test_the_defaults_are_compiled_here(compiled, key):
         "kv_stages",
         "scheduler_barrier",
         "o_store",
+        "persistent",
     )
     for knob in knobs:
         assert getattr(stage, knob) == kwargs.get(knob, STAGE_KNOBS[knob].default), knob

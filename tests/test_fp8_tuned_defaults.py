@@ -171,3 +171,40 @@ def test_flash_attn_func_passes_the_gqa_ratio(monkeypatch, heads_kv, tile_m):
         )
     (config,) = seen
     assert config.tile_m == tile_m and config.qhead_per_kvhead == 8 // heads_kv
+
+
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_flash_attn_func_takes_the_persistent_grid_for_dense_batches_only(monkeypatch, mode):
+    """Note [Tuned defaults]: the head-dim-128 causal MHA entries take the persistent grid (Note [Persistent work
+    tiles]); flash_attn_varlen_func's route, whose varlen scheduler the persistent grid does not replace, keeps FA4's
+    grid for the same mode instead of refusing a knob the caller never passed. Checked at the config the compile
+    cache is keyed by, with fake CUDA tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4_rowmax import fp8_sm90
+    from fa4_rowmax.interface import softmax_stage
+
+    assert TUNED_DEFAULTS[(mode, 128, True)][TUNED_TILE_M[(mode, 128, True)]]["persistent"]
+    seen = []
+    monkeypatch.setattr(fp8_sm90, "_compile", lambda config, *args: seen.append(config) or (lambda *a: None))
+    monkeypatch.setattr(fp8_sm90, "_compile_cache", {})
+    with FakeTensorMode():
+        q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+        fp8_sm90.fa4_sm90_fp8_forward(
+            q, q, q, softmax_scale=None, causal=True, softmax_stage=softmax_stage(mode, None, None)
+        )
+        packed = q.view(512, 4, 128)
+        cu_seqlens = torch.tensor([0, 200, 512], dtype=torch.int32, device="cuda")
+        fp8_sm90.fa4_sm90_fp8_forward(
+            packed,
+            packed,
+            packed,
+            softmax_scale=None,
+            causal=True,
+            softmax_stage=softmax_stage(mode, None, None),
+            features=dict(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens),
+        )
+    dense, varlen = seen
+    assert dense.stage.persistent and dense.persistent_ctas > 0
+    assert not varlen.stage.persistent and varlen.persistent_ctas == 0
+    assert (varlen.tile_m, varlen.tile_n) == (dense.tile_m, dense.tile_n)
