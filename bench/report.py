@@ -1,7 +1,9 @@
 """Results: the row format, the JSON file, the Markdown report and the plots.
 
 `python -m bench.report RESULTS.json [--out DIR]` regenerates the Markdown and the plots from a JSON file
-(for instance on a machine with matplotlib, from a device run that had none).
+(for instance on a machine with matplotlib, from a device run that had none);
+`python -m bench.report --fp8-defaults RUN.json [RUN.json ...]` prints the README's FP8 speed table from runs of
+`bash scripts/h200_session.sh peers OUT` (`fp8_defaults_table`).
 """
 
 from __future__ import annotations
@@ -467,6 +469,56 @@ def write_plots(doc: dict, out_dir: str, stem: str) -> list[str] | str:
     return written
 
 
+# The README's FP8 speed table (`fp8_defaults_table`): its columns, (kernel, causal) of the peers run's rows, and the
+# ratio to FA3-FP8 at or above which a cell of issue 22's goal is met (bold): H15 1.15x, the exact twin 1.0x.
+FP8_DEFAULTS_COLUMNS = (
+    ("rowmax_h15 non-causal", "fa4_fp8_func_h15", False),
+    ("rowmax_h15 causal", "fa4_fp8_func_h15", True),
+    ("exact non-causal", "fa4_fp8_func_exact", False),
+    ("exact causal", "fa4_fp8_func_exact", True),
+)
+FP8_GOAL = {"fa4_fp8_func_h15": 1.15, "fa4_fp8_func_exact": 1.0}
+
+
+def _span(values: list[float], digits: int = 2) -> str:
+    """'1.12-1.13' over the runs' values ('1.12' where they agree at `digits`)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def fp8_defaults_table(docs: list[dict]) -> str:
+    """The README's FP8 speed table from one or more peers runs (`bash scripts/h200_session.sh peers OUT`): per head
+    dim, KV heads and keys, FA3-FP8's TFLOPS, the ratio to FA3-FP8 of flash_attn_func's defaults (the range over the
+    runs; bold where even the lowest meets FP8_GOAL), the exp2-deleted probe's and vLLM's FA3's, non-causal / causal."""
+    cells: dict[tuple, list[dict]] = {}
+    for doc in docs:
+        for row in doc["rows"]:
+            if row["status"] == "ok" and row["dtype"] == "fp8" and row["heads_q"] == HEADS_Q:
+                key = (row["kernel"], row["head_dim"], row["heads_kv"], row["causal"], row["seqlen"])
+                cells.setdefault(key, []).append(row)
+
+    def ratio(kernel, shape, causal, bold_at=None):
+        rows = cells.get((kernel, *shape[:2], causal, shape[2]), [])
+        values = [r["speedup_vs_fa3_fp8"] for r in rows if r.get("speedup_vs_fa3_fp8") is not None]
+        if not values:
+            return "-"
+        text = f"{_span(values)}x"
+        return f"**{text}**" if bold_at is not None and min(values) >= bold_at else text
+
+    shapes = sorted({(k[1], k[2], k[4]) for k in cells if k[0] == "fa3_fp8"}, key=lambda s: (-s[0], -s[1], s[2]))
+    header = ["head dim", "KV heads", "keys", "FA3-FP8 non-causal"] + [c[0] for c in FP8_DEFAULTS_COLUMNS]
+    header += ["probe non-causal / causal", "vLLM's FA3 non-causal / causal"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for shape in shapes:
+        fa3 = cells.get(("fa3_fp8", shape[0], shape[1], False, shape[2]), [])
+        row = [str(shape[0]), str(shape[1]), format_seqlen(shape[2]), f"{_span([r['tflops'] for r in fa3], 0)} TF"]
+        row += [ratio(kernel, shape, causal, FP8_GOAL[kernel]) for _, kernel, causal in FP8_DEFAULTS_COLUMNS]
+        for kernel in ("fa4_fp8_exact_noexp_defaults", "vllm_fa3_fp8"):
+            row.append(f"{ratio(kernel, shape, False)} / {ratio(kernel, shape, True)}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def write_report(doc: dict, out_dir: str, stem: str, plots: bool = True) -> dict:
     """The Markdown file (and the plots): returns {'markdown': path, 'plots': list or reason}."""
     md_path = os.path.join(out_dir, f"{stem}.md")
@@ -477,14 +529,21 @@ def write_report(doc: dict, out_dir: str, stem: str, plots: bool = True) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
-    parser.add_argument("results", help="a JSON file written by python -m bench")
+    parser.add_argument("results", nargs="+", help="a JSON file written by python -m bench (several: --fp8-defaults)")
     parser.add_argument("--out", help="folder for the Markdown and plots (default: next to the JSON)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--fp8-defaults", action="store_true", help="print the README's FP8 speed table of the runs")
     args = parser.parse_args(argv)
-    doc = read_json(args.results)
-    out_dir = args.out or os.path.dirname(os.path.abspath(args.results))
+    if args.fp8_defaults:
+        print(fp8_defaults_table([read_json(path) for path in args.results]))
+        return 0
+    if len(args.results) != 1:
+        parser.error("one results file, or several with --fp8-defaults")
+    (results,) = args.results
+    doc = read_json(results)
+    out_dir = args.out or os.path.dirname(os.path.abspath(results))
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(args.results))[0]
+    stem = os.path.splitext(os.path.basename(results))[0]
     written = write_report(doc, out_dir, stem, plots=not args.no_plots)
     print(f"wrote {written['markdown']}")
     print(written["plots"] if isinstance(written["plots"], str) else "\n".join(f"wrote {p}" for p in written["plots"]))

@@ -26,6 +26,7 @@ from bench.kernels import (
     missing_kwargs,
 )
 from bench.report import (
+    fp8_defaults_table,
     gpu_slug,
     map_pivot,
     markdown_report,
@@ -402,6 +403,38 @@ def test_markdown_report_tables():
     assert map_pivot(doc["rows"], "non-causal") is None
     assert "aiter_fused.attention \\| ModuleNotFoundError" in md  # pipes escaped in the all-rows table
     assert speedup_cell(doc["rows"][3]) == "unavailable"
+
+
+def test_fp8_defaults_table_spans_the_runs_and_bolds_the_goal():
+    """The README's FP8 speed table: per shape the range over the runs of each kernel's ratio to FA3-FP8, bold only
+    where the lowest run meets issue 22's goal (H15 1.15x, the exact twin 1.0x); a failed or missing row is '-'."""
+
+    def run(h15_causal, exact_causal):
+        rows = []
+        for causal in (False, True):
+            shape = Shape(batch=4, seqlen=8192, heads_q=HEADS_Q, heads_kv=16, head_dim=128, causal=causal, dtype="fp8")
+            for name, ratio in (
+                ("fa3_fp8", None),
+                ("fa4_fp8_func_h15", h15_causal if causal else 1.2),
+                ("fa4_fp8_func_exact", exact_causal if causal else 1.05),
+                ("fa4_fp8_exact_noexp_defaults", 1.3),
+            ):
+                row = new_row(shape, KERNELS[name])
+                row.update(status="ok", tflops=900.0, median_ms=1.0, speedup_vs_fa3_fp8=ratio)
+                rows.append(row)
+            vllm = new_row(shape, KERNELS["vllm_fa3_fp8"])
+            vllm.update(status="unavailable", reason="no library")
+            rows.append(vllm)
+        return {"rows": rows}
+
+    lines = fp8_defaults_table([run(1.16, 1.0), run(1.14, 1.02)]).splitlines()
+    assert lines[0].startswith("| head dim | KV heads | keys | FA3-FP8 non-causal | rowmax_h15 non-causal |")
+    expected = (
+        "| 128 | 16 | 8K | 900 TF | **1.20x** | 1.14-1.16x | **1.05x** | **1.00-1.02x** | 1.30x / 1.30x | - / - |"
+    )
+    assert lines[2] == expected
+    cells = fp8_defaults_table([run(1.15, 0.99)]).splitlines()[2].split(" | ")
+    assert (cells[5], cells[7]) == ("**1.15x**", "0.99x")  # rowmax_h15 causal, exact causal
 
 
 def test_json_round_trip_and_nan(tmp_path):
