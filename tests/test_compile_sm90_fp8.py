@@ -18,6 +18,10 @@ cubic's Horner steps), the same converts, and the row max NaN-propagating (Note 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -463,3 +467,63 @@ def test_persistent_grid_gives_o_its_own_tile_and_takes_tiles_by_one_atomic(comp
     assert {op: n for op, n in ops.items() if op.startswith("QGMMA")} == {
         op: n for op, n in base_ops.items() if op.startswith("QGMMA")
     }
+
+
+# The columns and shared-memory offsets FA4's epilogue store (its StMatrix copy of the P.V accumulator, `epilogue` in
+# flash_fwd.py) touches for O tiles of each width, traced for sm_90a without a GPU; prints JSON {columns: [largest
+# column, largest offset in BF16 elements, the tile's cosize]}.
+_EPILOGUE_EXTENT_WORKER = """
+import json
+import cutlass, cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils_basic
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.utils import LayoutEnum
+from quack import sm90_utils
+from flash_attn.cute import utils
+
+TILE_M = 128
+extents = {}
+
+@cute.jit
+def extent(columns: cutlass.Constexpr[int]):
+    tiled_mma = sm90_utils_basic.make_trivial_tiled_mma(
+        cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+        cutlass.Float32, atom_layout_mnk=(TILE_M // 64, 1, 1), tiler_mn=(64, columns),
+        a_source=warpgroup.OperandSource.RMEM)
+    sO_layout = sm90_utils.make_smem_layout(cutlass.BFloat16, LayoutEnum.ROW_MAJOR, (TILE_M, columns), None)
+    tiled_copy = cute.make_tiled_copy_C(utils.get_smem_store_atom(90, cutlass.BFloat16), tiled_mma)
+    coord = cute.make_identity_tensor((TILE_M, columns))
+    max_col, max_offset = 0, 0
+    for t in cutlass.range_constexpr(TILE_M * 2):
+        part = tiled_copy.get_slice(t).partition_D(coord)
+        for i in cutlass.range_constexpr(cute.size(part)):
+            row, col = part[i]
+            max_col = max(max_col, col)
+            max_offset = max(max_offset, cute.crd2idx((row, col), sO_layout.outer))
+    extents[columns] = [int(max_col), int(max_offset), int(cute.cosize(sO_layout))]
+
+for n in (64, 72, 128, 136):
+    extent(n)
+print(json.dumps(extents))
+"""
+
+
+def test_fa4_epilogue_stores_past_an_o_tile_of_an_odd_count_of_8_column_atoms(tmp_path):
+    """Note [Persistent work tiles]: FA4's epilogue stores O's tile through StMatrix, 16 columns per pair of
+    8-column chunks, so an O tile of head_dim + 8 columns (row_sum="mma", o_store="pv_columns": 72 or 136) is cut
+    into ceil(N / 16) chunks and the upper half-warp's last chunk lands at columns N..N+7: tile_m x 8 BF16 past the
+    tile's shared layout. That is why the persistent grid, whose O tile ends the allocation, refuses that store, and
+    why o_store="head_dim" (64 or 128 columns) is safe on it."""
+    env = dict(os.environ, **compile_check.ARCH_ENV["sm90"], PYTHONWARNINGS="ignore")
+    worker = tmp_path / "epilogue_extent.py"  # the DSL compiles from a function's source file
+    worker.write_text(_EPILOGUE_EXTENT_WORKER)
+    proc = subprocess.run([sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    extents = {int(n): v for n, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    tile_m = 128
+    for columns, (max_col, max_offset, cosize) in extents.items():
+        assert cosize == tile_m * columns
+        if columns % 16 == 0:
+            assert (max_col, max_offset) == (columns - 1, cosize - 1), columns
+        else:
+            assert (max_col, max_offset) == (columns + 7, cosize + tile_m * 8 - 1), columns

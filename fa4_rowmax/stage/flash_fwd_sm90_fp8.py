@@ -108,11 +108,15 @@ gets a shared region of its own, a struct field (`o_smem_tensor`, FA4's seam, pa
 buffer. Its reuse from tile to tile is FA4's: the epilogue's first barrier waits for every consumer thread,
 including the warp that awaited the previous tile's O store (`cp_async_bulk_wait_group(0, read=True)`). At head
 dim 128, tile 256, shared memory is 16 KB of Q, 32 KB of O, 64 KB of K and 68 KB of V^T (two stages).
-Refused: O's tile at head_dim + 8 columns (row_sum="mma" with o_store="pv_columns"). On the H200 it faulted (an
-illegal address) at head dim 64, tile 192, whatever beta, overlap, GQA or length, and ran bit for bit at head dim
-128 and at tile 128 (studies/fp8_sm90/persistent_fault.py, bench/results/h200_2026-12-04_s16/). A reading, not
-measured: FA4's epilogue touches shared memory past that 72-column tile's layout; over Q's buffer the excess lands
-in K's, which no one reads after the main loop, while O's own region ends the allocation.
+Refused: O's tile at head_dim + 8 columns (row_sum="mma" with o_store="pv_columns"). FA4's epilogue stores O's tile
+through StMatrix, 16 columns for each pair of 8-column chunks, so a tile of 72 or 136 columns (an odd count of
+8-column chunks) is cut into ceil(columns / 16) chunks and the upper half-warp's last one lands at columns
+head_dim + 8 .. head_dim + 15: tile_m x 8 BF16 past the tile (2 KB at tile_m 128; traced without a GPU in
+tests/test_compile_sm90_fp8.py). Over Q's buffer (FA4's grid) that lands in K's, which no one reads after the last
+tile's main loop; O's own region ends the allocation, so there it lands past it, and on the H200 it faulted (an illegal
+address) at head dim 64, tile 192 and ran at head dim 128 and tile 128 (studies/fp8_sm90/persistent_fault.py,
+bench/results/h200_2026-12-04_s16/); that the allocation's rounding left room past the others is a reading, not
+measured. o_store="head_dim" stores 64 or 128 columns, whole pairs.
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
