@@ -48,7 +48,8 @@
 #                                                 # simulator (issue 22 item 7); ~8 minutes
 #   bash scripts/h200_session.sh qwen15fp8long OUT  # the same for Qwen2.5-1.5B, 2K and 16K (LENGTHS=32768: 32K
 #                                                 # alone, a call of its own)
-# Run after the device bundle is staged (../shared/device/README.md); patches FA4 in /tmp/site first. The
+# Run after the device bundle is staged (../shared/device/README.md; build it with scripts/device_bundle.sh, which
+# takes prepare.sh's arguments); patches FA4 in /tmp/site first. The
 # accuracy and peers steps need the fa3-fwd and nvidia-cudnn-frontend wheels and vLLM 0.26.0's FA3 library in the
 # data, xz-compressed (`prepare.sh --data DIR fa3-fwd==0.0.3 nvidia-cudnn-frontend==1.32.0`, DIR holding
 # _vllm_fa3_C.abi3.so.xz from the vllm-0.26.0 wheel's vllm/vllm_flash_attn/). The
