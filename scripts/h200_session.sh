@@ -7,8 +7,9 @@
 #   bash scripts/h200_session.sh tilemtests OUT   # the GPU tests of tile_m=192 (three consumer warpgroups)
 #   bash scripts/h200_session.sh tilem OUT        # the FP8 benchmark's tile_m=192 rows beside the defaults, 8K-32K
 #   bash scripts/h200_session.sh defaults OUT     # the FP8 GPU tests through the tuned defaults: the long-row contract,
-#                                                 # the SM90 FP8 file, varlen, the FP8 gates and hf (~8 minutes)
-#   bash scripts/h200_session.sh persistentdefaults OUT  # the same with the persistent grid in every tuned entry
+#                                                 # varlen, the FP8 gates and hf (~3 minutes)
+#   bash scripts/h200_session.sh defaultsgpu OUT  # the SM90 FP8 file through them, a call of its own (~7 minutes)
+#   bash scripts/h200_session.sh persistentdefaults[gpu] OUT  # the same with the persistent grid in every tuned entry
 #   bash scripts/h200_session.sh persistent OUT   # the defaults on FA4's grid and on the persistent one, and the
 #                                                 # exp2-deleted probe on each, beside FA3-FP8, 2K-32K (~3 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
@@ -181,13 +182,15 @@ case "$STEP" in
     python3 -m studies.fp8_sm90.ncu_report "$OUT/m192_details.csv" "$OUT/m192_source.csv.xz" > "$OUT/loop_split.md" 2>&1
     tail -40 "$OUT/loop_split.md" ;;
   defaults)
-    # issue 22 item 3: every FP8 GPU test through Note [Tuned defaults] (three consumer warpgroups where fastest)
+    # issue 22 item 3: the FP8 GPU tests through Note [Tuned defaults] but test_fp8_sm90_gpu.py (step defaultsgpu, a
+    # call of its own: ~390 s with the persistent grid's cases)
     timeout 120 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_long_rows.py > "$OUT/pytest_long_rows.log" 2>&1
     tail -2 "$OUT/pytest_long_rows.log"
-    timeout 300 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "not three_warpgroups_and_kv_stages" \
-      > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8.log"
     timeout 150 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_varlen.py tests/test_gates_fp8.py tests/test_hf_fp8.py \
       > "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8_varlen_gates_hf.log" ;;
+  defaultsgpu)
+    timeout 560 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "not three_warpgroups_and_kv_stages" \
+      > "$OUT/pytest_gpu_fp8.log" 2>&1; tail -2 "$OUT/pytest_gpu_fp8.log" ;;
   persistent)
     # issue 22: the dynamic persistent grid (Note [Persistent work tiles]) beside FA4's grid at the direct call's defaults
     timeout 500 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 7 --out "$OUT" \
@@ -196,8 +199,10 @@ case "$STEP" in
       fa4_fp8_exact_noexp_defaults fa4_fp8_exact_noexp_defaults_per_tile > "$OUT/bench.log" 2>&1
     echo "persistent: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
-    # issue 22: the defaults step with the persistent grid in every tuned entry (Note [Persistent defaults under test])
+    # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
+  persistentdefaultsgpu)
+    LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaultsgpu "$OUT" ;;
   kvstages)
     # issue 22: more K/V stages in flight (Note [KV stages in shared memory]) for three warpgroups and tile 192
     timeout 200 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "three_warpgroups_and_kv_stages" \

@@ -34,7 +34,8 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Note [Persistent defaults under test]: LOWPREC_FP8_PERSISTENT_DEFAULTS=1 runs the suite as if every entry of Note
 # [Tuned defaults] (fa4_rowmax/fp8_sm90.py) took the persistent grid (Note [Persistent work tiles]), the check a
-# default needs before it becomes one (`bash scripts/h200_session.sh persistentdefaults OUT`). Unset, nothing changes.
+# default needs before it becomes one (`bash scripts/h200_session.sh persistentdefaults OUT`, then the step
+# `persistentdefaultsgpu`). Unset, nothing changes.
 if os.environ.get("LOWPREC_FP8_PERSISTENT_DEFAULTS") == "1":
     from fa4_rowmax import fp8_sm90
 
