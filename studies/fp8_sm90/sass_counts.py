@@ -10,8 +10,8 @@ row sum, FMNMX clamp unless it says otherwise), so Note [Tuned defaults] (fa4_ro
 what a name compiles.
 """
 
+import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -71,7 +71,10 @@ VARIANTS = {
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "PRMT", "SHF", "IMAD", "LOP3", "FSEL", "IADD3")
 
 
-def main():
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m studies.fp8_sm90.sass_counts", description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=Path, help="write the counts as JSON here too")
+    args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="fp8_sass_"))
     site = compile_check.prepare_fa4_copies(workdir)["patched"]
     rows = {}
@@ -83,8 +86,8 @@ def main():
         counts["QGMMA"] = count(ops, "QGMMA")
         rows[name] = dict(kwargs=kwargs, instructions=sum(ops.values()), sites=sites, counts=counts)
         print(name, rows[name]["instructions"], counts, flush=True)
-    if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(json.dumps(rows, indent=1))
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1))
     cols = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP.E4M3", "PRMT", "SHF", "IMAD", "FSEL")
     print("| variant | instr. | " + " | ".join(cols) + " | per element: ALU+FMA issues (MUFU) |")
     print("| --- " * (len(cols) + 3) + "|")
