@@ -6,9 +6,22 @@ between knobs kept)."""
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from fa4_rowmax import fp8_sm90
 from fa4_rowmax.config import FP8_TILE_MS, STAGE_KNOBS
 from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, TUNED_TILE_M, call_stage, check_shared_memory
+from fa4_rowmax.interface import softmax_stage
+
+
+@pytest.fixture
+def compiled_configs(monkeypatch):
+    """The configs the FP8 forward compiles (the compile cache's keys), in call order; nothing compiles or runs, so
+    the calls take fake CUDA tensors (FakeTensorMode)."""
+    seen = []
+    monkeypatch.setattr(fp8_sm90, "_compile", lambda config, *args: seen.append(config) or (lambda *a: None))
+    monkeypatch.setattr(fp8_sm90, "_compile_cache", {})
+    return seen
 
 
 @pytest.mark.parametrize("tile_m", FP8_TILE_MS)
@@ -112,23 +125,15 @@ def test_the_folded_anchor_keeps_the_fmnmx_clamp():
     stage.for_kernel(arch=90, q_dtype=torch.float8_e4m3fn)
 
 
-def test_flash_attn_func_gets_the_tuned_stage(monkeypatch):
+def test_flash_attn_func_gets_the_tuned_stage(compiled_configs):
     """The route of FA4's flash_attn_func (no FP8 knob can be passed there) compiles the tuned stage: checked at the
     config the compile cache is keyed by, with fake CUDA tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from fa4_rowmax import fp8_sm90
-    from fa4_rowmax.interface import softmax_stage
-
-    seen = []
-    monkeypatch.setattr(fp8_sm90, "_compile", lambda config, *args: seen.append(config) or (lambda *a: None))
-    monkeypatch.setattr(fp8_sm90, "_compile_cache", {})
     with FakeTensorMode():
         q = torch.empty(1, 256, 2, 128, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_sm90.fa4_sm90_fp8_forward(
             q, q, q, softmax_scale=None, causal=False, softmax_stage=softmax_stage("rowmax_h15", None, None)
         )
-    (config,) = seen
+    (config,) = compiled_configs
     key = ("rowmax_h15", 128, False)
     assert config.tile_m == TUNED_TILE_M[key] == 192
     for knob, value in TUNED_DEFAULTS[key][TUNED_TILE_M[key]].items():
@@ -152,42 +157,26 @@ def test_causal_gqa_that_packs_a_tile_takes_three_warpgroups(mode, head_dim):
 
 
 @pytest.mark.parametrize("heads_kv, tile_m", [(8, TUNED_TILE_M[("rowmax_h15", 128, True)]), (2, 192)])
-def test_flash_attn_func_passes_the_gqa_ratio(monkeypatch, heads_kv, tile_m):
+def test_flash_attn_func_passes_the_gqa_ratio(compiled_configs, heads_kv, tile_m):
     """The forward resolves its tuned stage with the call's own Q heads per KV head (8 Q heads: MHA, then 4 per KV
     head, which packs a 192-row tile), at the config the compile cache is keyed by, with fake CUDA tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from fa4_rowmax import fp8_sm90
-    from fa4_rowmax.interface import softmax_stage
-
-    seen = []
-    monkeypatch.setattr(fp8_sm90, "_compile", lambda config, *args: seen.append(config) or (lambda *a: None))
-    monkeypatch.setattr(fp8_sm90, "_compile_cache", {})
     with FakeTensorMode():
         q = torch.empty(1, 256, 8, 128, dtype=torch.float8_e4m3fn, device="cuda")
         k = torch.empty(1, 256, heads_kv, 128, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_sm90.fa4_sm90_fp8_forward(
             q, k, k, softmax_scale=None, causal=True, softmax_stage=softmax_stage("rowmax_h15", None, None)
         )
-    (config,) = seen
+    (config,) = compiled_configs
     assert config.tile_m == tile_m and config.qhead_per_kvhead == 8 // heads_kv
 
 
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
-def test_flash_attn_func_takes_the_persistent_grid_for_dense_batches_only(monkeypatch, mode):
+def test_flash_attn_func_takes_the_persistent_grid_for_dense_batches_only(compiled_configs, mode):
     """Note [Tuned defaults]: the head-dim-128 causal MHA entries take the persistent grid (Note [Persistent work
     tiles]); flash_attn_varlen_func's route, whose varlen scheduler the persistent grid does not replace, keeps FA4's
     grid for the same mode instead of refusing a knob the caller never passed. Checked at the config the compile
     cache is keyed by, with fake CUDA tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from fa4_rowmax import fp8_sm90
-    from fa4_rowmax.interface import softmax_stage
-
     assert TUNED_DEFAULTS[(mode, 128, True)][TUNED_TILE_M[(mode, 128, True)]]["persistent"]
-    seen = []
-    monkeypatch.setattr(fp8_sm90, "_compile", lambda config, *args: seen.append(config) or (lambda *a: None))
-    monkeypatch.setattr(fp8_sm90, "_compile_cache", {})
     with FakeTensorMode():
         q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_sm90.fa4_sm90_fp8_forward(
@@ -204,7 +193,7 @@ def test_flash_attn_func_takes_the_persistent_grid_for_dense_batches_only(monkey
             softmax_stage=softmax_stage(mode, None, None),
             features=dict(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens),
         )
-    dense, varlen = seen
+    dense, varlen = compiled_configs
     assert dense.stage.persistent and dense.persistent_ctas > 0
     assert not varlen.stage.persistent and varlen.persistent_ctas == 0
     assert (varlen.tile_m, varlen.tile_n) == (dense.tile_m, dense.tile_n)
