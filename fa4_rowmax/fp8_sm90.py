@@ -25,6 +25,7 @@ import torch
 from fa4_rowmax.aux_data import NO_AUX_DATA
 from fa4_rowmax.config import FP8_TILE_M3_TILE_NS, check_real
 from fa4_rowmax.interface import FP8_SM90_VARLEN_ARGS, STAGE_KNOBS, SoftmaxStage, softmax_stage
+from fa4_rowmax.stage.flash_fwd_sm90_fp8 import o_store_overrun
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS
 from fa4_rowmax.stage.tile_scheduler_sm90 import semaphore_numel
 
@@ -108,8 +109,7 @@ class KernelConfig:
 #   (+0-12 %). Not H15 at head dim 128 causal with three warpgroups (the GQA tiling: +6 % at 2K, -1 to -5 % from 8K)
 #   nor at head dim 64 non-causal (-1 to -4 % from 8K); why it loses there is not measured (the main loop's
 #   local-memory traffic is the same within 2 accesses, CPU compile). An entry that takes it yields to the caller's
-#   knobs where they put the row-sum columns in O's tile or leave no room for O's own tile, and varlen calls run
-#   FA4's varlen scheduler.
+#   knobs where they leave no room for O's own tile, and varlen calls run FA4's varlen scheduler.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
 # exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
 # entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the
@@ -243,9 +243,7 @@ def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhea
 
 def _admits_persistent(stage: SoftmaxStage, head_dim: int) -> bool:
     """Whether the caller's knobs leave a tuned persistent grid possible (Note [Persistent work tiles]): room for O's
-    own tile beside their kv_stages, and not O's tile with the row-sum columns (refused there)."""
-    if stage.row_sum == "mma" and stage.o_store == "pv_columns":
-        return False
+    own tile beside their kv_stages."""
     knobs = dict(row_sum=stage.row_sum, o_store=stage.o_store, persistent=True)
     return shared_memory_bytes(head_dim, stage.tile_m, stage.tile_n, stage.kv_stages, **knobs) <= SMEM_PER_BLOCK
 
@@ -409,7 +407,7 @@ def shared_memory_bytes(
     barriers = 8 * (2 + 4 * kv_stages)  # Q full/empty, then K and V full/empty per stage
     o_columns = head_dim if o_store == "head_dim" else head_dim_v
     q, o = tile_m * head_dim, tile_m * o_columns * 2
-    q_and_o = aligned(q) + aligned(o) if persistent else aligned(max(q, o))
+    q_and_o = aligned(q) + aligned(o + o_store_overrun(tile_m, o_columns) * 2) if persistent else aligned(max(q, o))
     return (
         aligned(barriers)
         + aligned(kv_stages * tile_n * head_dim_v)

@@ -298,12 +298,6 @@ class SoftmaxStage:
                     "tile by an FFMA that carries the rescale, so there is no rescale to skip (Note [Two-level P.V "
                     "accumulation]); accepted with pv_accumulation='two_level': rescale_vote=False"
                 )
-            if self.persistent and self.row_sum == "mma" and self.o_store == "pv_columns":
-                raise ValueError(
-                    "persistent=True with row_sum='mma' needs o_store='head_dim' (Note [Persistent work tiles]): O's "
-                    "tile at head_dim + 8 columns faulted on the H200 (head dim 64, tile_n 192) and is not tested "
-                    "on the persistent grid; accepted: o_store='head_dim', row_sum='fadd', or persistent=False"
-                )
             if self.persistent and any(features.get(name) is not None for name in FP8_SM90_VARLEN_ARGS):
                 raise ValueError(
                     "persistent=True applies to dense batches (Note [Persistent work tiles]): a varlen call runs "

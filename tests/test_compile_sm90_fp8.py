@@ -125,6 +125,10 @@ CONFIGS = {
     "d64_exact_mma_m192_n160_sb_o_head_dim_persistent": dict(
         _EXACT_M192, head_dim=64, scheduler_barrier=True, o_store="head_dim", persistent=True
     ),
+    # O's tile at head_dim + 8 columns on the persistent grid: its region holds the epilogue's overrun.
+    "d64_exact_mma_n192_persistent": dict(
+        head_dim=64, softmax_mode="exact", tile_n=192, row_sum="mma", intra_wg_overlap=False, persistent=True
+    ),
 }
 CONFIGS = {name: {**_EXPLICIT, **kwargs} for name, kwargs in CONFIGS.items()}
 STAGE_KNOBS_DEFAULTS = {

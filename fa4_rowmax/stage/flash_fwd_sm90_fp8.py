@@ -108,15 +108,13 @@ gets a shared region of its own, a struct field (`o_smem_tensor`, FA4's seam, pa
 buffer. Its reuse from tile to tile is FA4's: the epilogue's first barrier waits for every consumer thread,
 including the warp that awaited the previous tile's O store (`cp_async_bulk_wait_group(0, read=True)`). At head
 dim 128, tile 256, shared memory is 16 KB of Q, 32 KB of O, 64 KB of K and 68 KB of V^T (two stages).
-Refused: O's tile at head_dim + 8 columns (row_sum="mma" with o_store="pv_columns"). FA4's epilogue stores O's tile
-through StMatrix, 16 columns for each pair of 8-column chunks, so a tile of 72 or 136 columns (an odd count of
-8-column chunks) is cut into ceil(columns / 16) chunks and the upper half-warp's last one lands at columns
-head_dim + 8 .. head_dim + 15: tile_m x 8 BF16 past the tile (2 KB at tile_m 128; traced without a GPU in
+O's region is longer than O's tile where FA4's epilogue writes past it: the epilogue stores O's tile through StMatrix,
+16 columns for each pair of 8-column chunks, so a tile of 72 or 136 columns (row_sum="mma" with o_store="pv_columns":
+an odd count of 8-column chunks) is cut into ceil(columns / 16) pairs and the upper half-warp's last chunk lands at
+columns head_dim + 8 .. head_dim + 15, tile_m x 8 BF16 past the tile (`o_store_overrun`; traced without a GPU in
 tests/test_compile_sm90_fp8.py). Over Q's buffer (FA4's grid) that lands in K's, which no one reads after the last
-tile's main loop; O's own region ends the allocation, so there it lands past it, and on the H200 it faulted (an illegal
-address) at head dim 64, tile 192 and ran at head dim 128 and tile 128 (studies/fp8_sm90/persistent_fault.py,
-bench/results/h200_2026-12-04_s16/); that the allocation's rounding left room past the others is a reading, not
-measured. o_store="head_dim" stores 64 or 128 columns, whole pairs.
+tile's main loop; O's own region ends the allocation, and without the padding the H200 faulted there (an illegal
+address at head dim 64, tile 192: studies/fp8_sm90/persistent_fault.py, bench/results/h200_2026-12-04_s16/).
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -151,6 +149,12 @@ from fa4_rowmax.stage.tile_scheduler_sm90 import dynamic_persistent_scheduler
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
+O_STORE_PAIR_COLUMNS = 16  # FA4's epilogue StMatrix store: two 8-column chunks a pair (Note [Persistent work tiles])
+
+
+def o_store_overrun(tile_m: int, columns: int) -> int:
+    """BF16 elements FA4's epilogue writes past an O tile of `columns` columns (Note [Persistent work tiles])."""
+    return tile_m * (-columns % O_STORE_PAIR_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -318,10 +322,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         if const_expr(not self.persistent_ctas):
             cosize_sQO = max(cosize_sQO, cute.cosize(self.sO_layout) * self.dtype.width // self.operand_dtype.width)
         sQ_struct = cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cosize_sQO], self.buffer_align_bytes]
-        # Zero bytes when O reuses Q's buffer.
+        # Zero bytes when O reuses Q's buffer; its own region holds what the epilogue writes past the tile.
+        sO_elements = cute.cosize(self.sO_layout) + o_store_overrun(self.tile_m, self.o_store_columns())
         sO_struct = cute.struct.Align[
-            cute.struct.MemRange[self.dtype, cute.cosize(self.sO_layout) if self.persistent_ctas else 0],
-            self.buffer_align_bytes,
+            cute.struct.MemRange[self.dtype, sO_elements if self.persistent_ctas else 0], self.buffer_align_bytes
         ]
         sK_struct, sV_struct = [
             cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(layout)], self.buffer_align_bytes]
