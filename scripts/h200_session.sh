@@ -12,6 +12,8 @@
 #   bash scripts/h200_session.sh persistentdefaults[gpu] OUT  # the same with the persistent grid in every tuned entry
 #   bash scripts/h200_session.sh persistent OUT   # the defaults on FA4's grid and on the persistent one, and the
 #                                                 # exp2-deleted probe on each, beside FA3-FP8, 2K-32K (~3 minutes)
+#   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
+#                                                 # 128 causal GQA and head dim 64 non-causal, 32K (~4 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
 #                                                 # and at the default three (tile 160), the tile_m 192 probe (~4 min)
 #   bash scripts/h200_session.sh roundrobin OUT   # three warpgroups under FA4's round-robin scheduler barrier, with its
@@ -181,6 +183,22 @@ case "$STEP" in
     rm -f "$OUT/m192.ncu-rep"
     python3 -m studies.fp8_sm90.ncu_report "$OUT/m192_details.csv" "$OUT/m192_source.csv.xz" > "$OUT/loop_split.md" 2>&1
     tail -40 "$OUT/loop_split.md" ;;
+  ncupersistent)
+    # issue 22: where the persistent grid's extra cycles go (Nsight Compute at base clocks: the seventeenth session's
+    # loss is in cycles, not in the power-capped clock): H15's per-tile and persistent rows, head dim 128 causal GQA
+    # (three warpgroups) and head dim 64 non-causal, 32K keys
+    for c in "causal_gqa:--causal --heads-kv 4" "d64_nc:--head-dim 64"; do
+      n=${c%%:*}; a=${c#*:}
+      timeout 200 ncu --profile-from-start off --clock-control base --set full -o "$OUT/$n" python3 -m \
+        studies.fp8_sm90.ncu_profile --seqlen 32768 $a --kernels fa4_fp8_h15_two_level_per_tile \
+        fa4_fp8_h15_two_level_persistent > "$OUT/$n.log" 2>&1; echo "ncu $n: exit status $?"
+      ncu -i "$OUT/$n.ncu-rep" --page details --csv > "$OUT/${n}_details.csv"
+      ncu -i "$OUT/$n.ncu-rep" --page raw --csv | xz -6 > "$OUT/${n}_raw.csv.xz"
+      ncu -i "$OUT/$n.ncu-rep" --page source --print-source sass --csv | xz -6 > "$OUT/${n}_source.csv.xz"
+      rm -f "$OUT/$n.ncu-rep"
+      python3 -m studies.fp8_sm90.ncu_report "$OUT/${n}_details.csv" "$OUT/${n}_source.csv.xz" > "$OUT/${n}_loop.md" 2>&1
+      tail -30 "$OUT/${n}_loop.md"
+    done ;;
   defaults)
     # issue 22 item 3: the FP8 GPU tests through Note [Tuned defaults] but test_fp8_sm90_gpu.py (step defaultsgpu, a
     # call of its own: ~390 s with the persistent grid's cases)
