@@ -161,16 +161,22 @@ TUNED_TILE_M = {
 # tile_n of them, 2.2 at 192 unpacked positions and tile 160, 1.3 at 48) and three warpgroups keep their per-key
 # lead. Through flash_attn_func under the rule (bench/results/h200_2026-12-04_s15/, two runs) H15 ran 1.07-1.17x and
 # the exact twin 0.96-1.04x at 16/4 heads, head dim 128, and every FP8 GPU test passed. Ratios 2 (96 positions) and
-# those that do not divide 192 (Qwen2.5-0.5B's 7) keep TUNED_TILE_M; only ratio 4 is measured.
+# those that do not divide 192 (Qwen2.5-0.5B's 7) keep TUNED_TILE_M; only ratio 4 is measured. Not H15 at head dim
+# 128: since its tile_m 128 entry runs the persistent grid (Note [Persistent work tiles]) that entry is ahead at 16/4
+# heads, in two runs (bench/results/h200_2026-12-04_s18/tuned_tile_m*/) 1.12-1.14x FA3-FP8 against tile_m 192's
+# 1.07-1.11x at 2K-4K, 1.16-1.17x against 1.15-1.17x at 8K-16K, and within 2 % either way at 32K (1.17x against
+# 1.17-1.19x); tile_m 192 on the persistent grid loses 1-5 % per key (the seventeenth session) and stays on FA4's.
 PACKED_CAUSAL_MAX_POSITIONS = 64
+PACKED_CAUSAL_KEYS = frozenset(
+    key for key in TUNED_TILE_M if key[2] and key != ("rowmax_h15", 128, True)
+)  # the (mode, head_dim, causal) keys the rule applies to
 
 
 def faster_tile_m(key, qhead_per_kvhead: int = 1) -> int:
     """The tiling Note [Tuned defaults] gives a call of this (mode, head_dim, causal) and GQA ratio when no knob
     decides it (Note [Causal tiles that pack GQA])."""
-    _, _, causal = key
     ratio = qhead_per_kvhead
-    if causal and ratio > 1 and 192 % ratio == 0 and 192 // ratio <= PACKED_CAUSAL_MAX_POSITIONS:
+    if key in PACKED_CAUSAL_KEYS and ratio > 1 and 192 % ratio == 0 and 192 // ratio <= PACKED_CAUSAL_MAX_POSITIONS:
         return 192
     return TUNED_TILE_M[key]
 

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fa4_rowmax import fp8_sm90
 from fa4_rowmax.config import FP8_TILE_MS, STAGE_KNOBS
-from fa4_rowmax.fp8_sm90 import TUNED_DEFAULTS, TUNED_TILE_M, call_stage, check_shared_memory
+from fa4_rowmax.fp8_sm90 import PACKED_CAUSAL_KEYS, TUNED_DEFAULTS, TUNED_TILE_M, call_stage, check_shared_memory
 from fa4_rowmax.interface import softmax_stage
 
 
@@ -144,19 +144,22 @@ def test_flash_attn_func_gets_the_tuned_stage(compiled_configs):
 @pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
 def test_causal_gqa_that_packs_a_tile_takes_three_warpgroups(mode, head_dim):
     """Note [Causal tiles that pack GQA]: causal calls whose Q heads per KV head pack a 192-row tile to <= 64
-    positions take the tile_m=192 entry; MHA, ratio 2 and ratios that do not divide 192 keep TUNED_TILE_M, and
-    non-causal calls and a caller's excluding knob are unaffected."""
+    positions take the tile_m=192 entry, but H15 at head dim 128 (its persistent tile_m 128 entry is ahead there);
+    MHA, ratio 2 and ratios that do not divide 192 keep TUNED_TILE_M, and non-causal calls and a caller's excluding
+    knob are unaffected."""
     causal_key, full_key = (mode, head_dim, True), (mode, head_dim, False)
+    rule = (mode, head_dim) != ("rowmax_h15", 128)
+    assert (causal_key in PACKED_CAUSAL_KEYS) == rule and full_key not in PACKED_CAUSAL_KEYS
     for ratio, packs in ((1, False), (2, False), (3, True), (4, True), (6, True), (7, False), (8, True), (16, True)):
         stage = call_stage(mode, head_dim, True, qhead_per_kvhead=ratio)
-        assert stage.tile_m == (192 if packs else TUNED_TILE_M[causal_key]), ratio
+        assert stage.tile_m == (192 if packs and rule else TUNED_TILE_M[causal_key]), ratio
         for knob, value in TUNED_DEFAULTS[causal_key][stage.tile_m].items():
             assert getattr(stage, knob) == value, (ratio, knob)
         assert call_stage(mode, head_dim, False, qhead_per_kvhead=ratio).tile_m == TUNED_TILE_M[full_key]
     assert call_stage(mode, head_dim, True, qhead_per_kvhead=4, tile_n=256).tile_m == 128
 
 
-@pytest.mark.parametrize("heads_kv, tile_m", [(8, TUNED_TILE_M[("rowmax_h15", 128, True)]), (2, 192)])
+@pytest.mark.parametrize("heads_kv, tile_m", [(8, TUNED_TILE_M[("exact", 128, True)]), (2, 192)])
 def test_flash_attn_func_passes_the_gqa_ratio(compiled_configs, heads_kv, tile_m):
     """The forward resolves its tuned stage with the call's own Q heads per KV head (8 Q heads: MHA, then 4 per KV
     head, which packs a 192-row tile), at the config the compile cache is keyed by, with fake CUDA tensors."""
@@ -164,7 +167,7 @@ def test_flash_attn_func_passes_the_gqa_ratio(compiled_configs, heads_kv, tile_m
         q = torch.empty(1, 256, 8, 128, dtype=torch.float8_e4m3fn, device="cuda")
         k = torch.empty(1, 256, heads_kv, 128, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_sm90.fa4_sm90_fp8_forward(
-            q, k, k, softmax_scale=None, causal=True, softmax_stage=softmax_stage("rowmax_h15", None, None)
+            q, k, k, softmax_scale=None, causal=True, softmax_stage=softmax_stage("exact", None, None)
         )
     (config,) = compiled_configs
     assert config.tile_m == tile_m and config.qhead_per_kvhead == 8 // heads_kv
