@@ -164,7 +164,7 @@ TUNED_TILE_M = {
 # those that do not divide 192 (Qwen2.5-0.5B's 7) keep TUNED_TILE_M; only ratio 4 is measured. Not H15 at head dim
 # 128: since its tile_m 128 entry runs the persistent grid (Note [Persistent work tiles]) that entry is ahead at 16/4
 # heads, in two runs (bench/results/h200_2026-12-04_s18/tuned_tile_m*/) 1.12-1.14x FA3-FP8 against tile_m 192's
-# 1.07-1.11x at 2K-4K, 1.16-1.17x against 1.15-1.17x at 8K-16K, and within 2 % either way at 32K (1.17x against
+# 1.06-1.11x at 2K-4K, 1.16-1.17x against 1.15-1.17x at 8K-16K, and within 2 % either way at 32K (1.17-1.18x against
 # 1.17-1.19x); tile_m 192 on the persistent grid loses 1-5 % per key (the seventeenth session) and stays on FA4's.
 PACKED_CAUSAL_MAX_POSITIONS = 64
 PACKED_CAUSAL_KEYS = frozenset(
