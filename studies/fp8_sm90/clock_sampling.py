@@ -91,9 +91,8 @@ def table(phases: list, samples: list) -> str:
     for i, phase in enumerate(phases):
         m = phase_means(phase, samples)
         per_kernel.setdefault(phase.kernel, []).append((phase.ms_per_call, m["sm_mhz"], m["power_w"]))
-        rows.append(
-            f"| {phase.kernel} | {i} | {phase.ms_per_call:.4f} | {m['sm_mhz']:.0f} | {m['power_w']:.0f} | {m['samples']} |"
-        )
+        cells = (phase.kernel, i, f"{phase.ms_per_call:.4f}", f"{m['sm_mhz']:.0f}", f"{m['power_w']:.0f}", m["samples"])
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
     rows += ["", "| kernel | median ms per call | median SM MHz | median W |", "| --- | --- | --- | --- |"]
     for kernel, values in per_kernel.items():
         ms, mhz, watts = (sorted(column)[len(column) // 2] for column in zip(*values))
@@ -152,7 +151,9 @@ def main(argv=None) -> None:
         text=True,
     )
     try:
-        phases = [run_phase(name, launch, args.seconds) for _ in range(args.repeats) for name, launch in launches.items()]
+        phases = [
+            run_phase(name, launch, args.seconds) for _ in range(args.repeats) for name, launch in launches.items()
+        ]
     finally:
         sampler.terminate()
         text, _ = sampler.communicate(timeout=10)
