@@ -14,11 +14,12 @@ Note [Samples to cycles]
 ~~~~~~~~~~~~~~~~~~~~~~~~
 The sampler reads each warp's state at a fixed interval, so a stretch of SASS gets samples in proportion to the
 warp-time spent there. The main loop is the run of instructions executed once per iteration (the most common
-large execution count); the consumer warps' samples are the loop's plus those executed once per warp (the first
-tile and the epilogue). A CTA lasts elapsed cycles / waves (one CTA per SM: the grid over the SMs), so one
-iteration takes CTA cycles x loop share / iterations, and a stretch its share of that. The iteration count is the
-loop's execution count over the consumer warps' count. A single issue of an instruction is one sample of
-'selected' per execution, which checks the scale: 'selected' samples / executions per warp ~ 1 cycle each.
+large execution count); the consumer warps' samples are the loop's plus those executed once per warp and work tile
+(the first block and the epilogue). A work tile lasts elapsed cycles / (work tiles / SMs) (one CTA per SM at a time;
+the work tiles are the grid on FA4's grid, and on the persistent grid the once-a-tile executions over the consumer
+warps a CTA has), so one iteration takes tile cycles x loop share / iterations, and a stretch its share of that. The
+iteration count is the loop's execution count over the once-a-tile one. A single issue of an instruction is one
+sample of 'selected' per execution, which checks the scale: 'selected' samples / executions per warp ~ 1 cycle each.
 
 Note [Warp states]
 ~~~~~~~~~~~~~~~~~~
@@ -38,6 +39,7 @@ import sys
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 FP8_KERNEL = "FlashAttentionForwardSm90Fp8"
+PRODUCER_WARPS = 4  # FA4's producer warpgroup, before the consumer warps
 STATE_PREFIX = "stall_"  # the source page's warp-state sample columns (Note [Warp states])
 NOT_ISSUED = "(Not Issued)"
 
@@ -66,37 +68,69 @@ def details(path: str) -> dict[str, dict[str, str]]:
             out[r["ID"]][r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
             out[r["ID"]]["Kernel Name"] = r["Kernel Name"]
             out[r["ID"]]["Grid Size"] = r["Grid Size"]
+            out[r["ID"]]["Block Size"] = r["Block Size"]
     return out
+
+
+def _extent(text: str) -> int:
+    size = 1
+    for extent in text.strip("()").split(","):
+        size *= int(extent)
+    return size
 
 
 def grid_size(metrics: dict[str, str]) -> int:
     """CTAs in the launch: the product of the report's "(x, y, z)" grid."""
-    size = 1
-    for extent in metrics["Grid Size"].strip("()").split(","):
-        size *= int(extent)
-    return size
+    return _extent(metrics["Grid Size"])
+
+
+def work_tiles(rows: list[dict], metrics: dict[str, str]) -> int:
+    """Work tiles the launch ran (Note [Samples to cycles]): the consumer warps' once-a-tile executions over the
+    consumer warps a CTA has (its threads less FA4's producer warpgroup); the grid on FA4's one-CTA-per-tile grid, more
+    than the grid on the persistent one."""
+    consumer_warps = _extent(metrics["Block Size"]) // 32 - PRODUCER_WARPS
+    return _once_per_warp_tile(rows) // consumer_warps
 
 
 def number(text: str) -> float:
     return float(text.split()[0].replace(",", ""))
 
 
-def loop_stretches(rows: list[dict], sm_count: int, elapsed_cycles: float, grid: int) -> dict:
-    """The main loop's stretches (Note [Samples to cycles]): name -> (instructions, samples, cycles)."""
+def _executed(r) -> int:
+    return int(r[EXECUTED] or 0)
+
+
+def _loop_executions(rows: list[dict]) -> int:
+    """The main loop's execution count: the most common large one."""
+    counts = collections.Counter(_executed(r) for r in rows)
+    return max(e for e, n in counts.items() if n > 100)
+
+
+def _once_per_warp_tile(rows: list[dict]) -> int:
+    """The execution count of the consumer code run once per warp and work tile (the first block, the epilogue)."""
+    loop_exec = _loop_executions(rows)
+    per_warp = [_executed(r) for r in rows if _executed(r) and _executed(r) != loop_exec]
+    return max(set(per_warp), key=per_warp.count)
+
+
+def loop_stretches(rows: list[dict], sm_count: int, elapsed_cycles: float, tiles: int) -> dict:
+    """The main loop's stretches (Note [Samples to cycles]): name -> (instructions, samples, cycles). `tiles`: the
+    work tiles the launch ran (`work_tiles`; the grid on FA4's grid). ValueError for a loop without the two GEMM waits
+    and a P.V GEMM after the first (intra-warpgroup overlap, whose loop issues the P.V GEMM before the S wait)."""
 
     def samples(r):
         return int(r[SAMPLES] or 0)
 
-    def executed(r):
-        return int(r[EXECUTED] or 0)
-
-    counts = collections.Counter(executed(r) for r in rows)
-    loop_exec = max(e for e, n in counts.items() if n > 100)
+    executed = _executed
+    loop_exec = _loop_executions(rows)
     loop = [i for i, r in enumerate(rows) if executed(r) == loop_exec]
     first, last = loop[0], loop[-1]
     waits = [i for i in range(first, last + 1) if "DEPBAR" in rows[i]["Source"]]
     syncs = [i for i in range(first, last + 1) if "BAR.SYNC" in rows[i]["Source"]]
-    pv_issue = min(i for i in range(waits[0] + 1, last + 1) if "QGMMA" in rows[i]["Source"])
+    pv_issues = [i for i in range(waits[0] + 1, last + 1) if "QGMMA" in rows[i]["Source"]] if waits else []
+    if len(waits) < 2 or not pv_issues:
+        raise ValueError("main loop not split: no P.V GEMM between its GEMM waits (intra-warpgroup overlap?)")
+    pv_issue = pv_issues[0]
     # the step before the P.V GEMM: the V wait, the scheduler barrier (two warpgroups) and the descriptors
     pre_pv = min(syncs[0], pv_issue) - 8 if syncs else pv_issue - 8
     marks = [
@@ -107,14 +141,13 @@ def loop_stretches(rows: list[dict], sm_count: int, elapsed_cycles: float, grid:
         ("P.V GEMM wait", waits[1]),
         ("promotion, loop tail", waits[1] + 1),
     ]
-    per_warp = [executed(r) for r in rows if executed(r) and executed(r) != loop_exec]
-    warps = max(set(per_warp), key=per_warp.count)  # executed once per consumer warp
+    warps = _once_per_warp_tile(rows)  # executed once per consumer warp and work tile
     iterations = loop_exec / warps
     consumer = sum(samples(r) for r in rows if executed(r) in (loop_exec, warps))
     consumer += sum(samples(rows[i]) for i in range(first, last + 1) if executed(rows[i]) == 0)
     loop_samples = sum(samples(rows[i]) for i in range(first, last + 1))
-    cta_cycles = elapsed_cycles / (grid / sm_count)
-    iteration_cycles = cta_cycles * loop_samples / consumer / iterations
+    tile_cycles = elapsed_cycles / (tiles / sm_count)
+    iteration_cycles = tile_cycles * loop_samples / consumer / iterations
     # the scale's check: each loop instruction issues once an iteration, one cycle of 'selected' samples
     selected = sum(int(rows[i]["stall_selected"] or 0) for i in range(first, last + 1))
     loop_instructions = sum(1 for i in range(first, last + 1) if executed(rows[i]) == loop_exec)
@@ -181,7 +214,11 @@ def main(argv=None) -> None:
         )
         if FP8_KERNEL not in kernel["name"]:
             continue  # FA3's persistent loop has another shape
-        split = loop_stretches(kernel["rows"], 132, elapsed, grid)
+        try:
+            split = loop_stretches(kernel["rows"], 132, elapsed, work_tiles(kernel["rows"], m))
+        except ValueError as error:
+            lines.append(f"\n{error}\n")
+            continue
         lines.append(
             f"\nOne main-loop iteration (a consumer warpgroup's KV tile): {split['iteration cycles']:.0f} cycles, "
             f"{split['iterations']:.0f} iterations per warp; the scale's check (Note [Samples to cycles]): "

@@ -101,3 +101,27 @@ def test_three_warpgroups_slow_each_warps_softmax(three_warpgroup_splits):
 
     assert rate(three) < 0.8 * rate(two)
     assert contention(three) > 1.5 * contention(two)
+
+
+PERSISTENT = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200_2026-12-04_s18" / "ncu_persistent"
+
+
+def test_the_scale_holds_on_the_persistent_grid():
+    """Note [Samples to cycles] on the eighteenth session's report (H15, head dim 128, causal GQA, three warpgroups,
+    32K keys; FA4's grid, then the persistent one): both ran the same 2,732 work tiles, on grids of 2,732 and 132 CTAs,
+    and with the work tiles counted from the once-a-tile executions the scale checks out on both."""
+    metrics = ncu_report.details(str(PERSISTENT / "causal_gqa_details.csv"))
+    kernels = ncu_report.source_sections(str(PERSISTENT / "causal_gqa_source.csv.xz"))
+    ids = sorted(metrics, key=int)
+    splits, grids = [], []
+    for report_id, kernel in zip(ids, kernels):
+        if ncu_report.FP8_KERNEL in kernel["name"]:
+            m = metrics[report_id]
+            tiles = ncu_report.work_tiles(kernel["rows"], m)
+            assert tiles == 2732
+            grids.append(ncu_report.grid_size(m))
+            elapsed = ncu_report.number(m["Elapsed Cycles"])
+            splits.append(ncu_report.loop_stretches(kernel["rows"], 132, elapsed, tiles))
+    assert grids == [2732, 132]
+    for split in splits:
+        assert 0.9 <= split["issue cycles per instruction"] <= 1.15, split["issue cycles per instruction"]
