@@ -21,7 +21,6 @@ Two kernels that do the same work in the same cycles can then take different tim
 reads the clock the benchmark runs at.
 """
 
-import argparse
 import dataclasses
 import subprocess
 import time
@@ -31,9 +30,8 @@ import torch
 
 from bench.check import make_inputs
 from bench.kernels import KERNELS
-from bench.sweep import Shape
+from studies.fp8_sm90.ncu_profile import bench_shape, shape_parser
 
-TOKENS_PER_CALL = 32 * 1024
 SETTLE_FRACTION = 0.25
 
 
@@ -118,27 +116,12 @@ def run_phase(name: str, launch, seconds: float) -> Phase:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", nargs="+", required=True, choices=sorted(KERNELS), metavar="NAME")
-    parser.add_argument("--seqlen", type=int, default=32768)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--heads-kv", type=int, default=16)
-    parser.add_argument("--causal", action="store_true")
+    parser = shape_parser(__doc__.splitlines()[0], seqlen=32768)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--interval-ms", type=int, default=50)
     args = parser.parse_args(argv)
-    if TOKENS_PER_CALL % args.seqlen:
-        parser.error(f"--seqlen must divide {TOKENS_PER_CALL}, got {args.seqlen}")
-    shape = Shape(
-        seqlen=args.seqlen,
-        causal=args.causal,
-        dtype="fp8",
-        head_dim=args.head_dim,
-        heads_q=16,
-        heads_kv=args.heads_kv,
-        batch=TOKENS_PER_CALL // args.seqlen,
-    )
+    shape = bench_shape(parser, args)
     ((q, k, v),) = make_inputs(shape, 1, "cuda", seed=0)
     launches = {name: KERNELS[name].bind(q, k, v, args.causal) for name in args.kernels}
     for launch in launches.values():  # compile and warm

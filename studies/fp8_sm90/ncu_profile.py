@@ -24,17 +24,22 @@ from bench.sweep import Shape
 TOKENS_PER_CALL = 32 * 1024
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def shape_parser(description: str, seqlen: int) -> argparse.ArgumentParser:
+    """The options naming bench kernels and the bench's FP8 shape (32K tokens per call, 16 query heads)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--kernels", nargs="+", required=True, choices=sorted(KERNELS), metavar="NAME")
-    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--seqlen", type=int, default=seqlen)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--heads-kv", type=int, default=16)
     parser.add_argument("--causal", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def bench_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Shape:
+    """The bench's FP8 shape for `shape_parser`'s options; --seqlen must divide the tokens per call."""
     if TOKENS_PER_CALL % args.seqlen:
         parser.error(f"--seqlen must divide {TOKENS_PER_CALL}, got {args.seqlen}")
-    shape = Shape(
+    return Shape(
         seqlen=args.seqlen,
         causal=args.causal,
         dtype="fp8",
@@ -43,6 +48,12 @@ def main(argv=None) -> None:
         heads_kv=args.heads_kv,
         batch=TOKENS_PER_CALL // args.seqlen,
     )
+
+
+def main(argv=None) -> None:
+    parser = shape_parser(__doc__.splitlines()[0], seqlen=8192)
+    args = parser.parse_args(argv)
+    shape = bench_shape(parser, args)
     ((q, k, v),) = make_inputs(shape, 1, "cuda", seed=0)
     cudart = torch.cuda.cudart()
     for name in args.kernels:
