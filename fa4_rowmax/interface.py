@@ -567,16 +567,18 @@ def rowmax_attn_func(
 
 
 def is_fa4_patched() -> bool:
-    """Whether the importable FA4 carries all three patches (patches/*.diff): `flash_attn_func` takes
-    `softmax_mode` and both kernel classes have the `softmax_stage` hook."""
+    """Whether the importable FA4 carries all four patches (patches/*.diff): `flash_attn_func` takes
+    `softmax_mode`, both kernel classes have the `softmax_stage` hook and the base kernel the `wait_o_store` seam."""
     import inspect
 
     from flash_attn.cute import flash_attn_func
+    from flash_attn.cute.flash_fwd import FlashAttentionForwardBase
     from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
     from flash_attn.cute.flash_fwd_sm100 import FlashAttentionForwardSm100
 
     hooks = ("softmax_stage" in vars(cls) for cls in (FlashAttentionForwardSm90, FlashAttentionForwardSm100))
-    return "softmax_mode" in inspect.signature(flash_attn_func).parameters and all(hooks)
+    seam = "wait_o_store" in vars(FlashAttentionForwardBase)
+    return "softmax_mode" in inspect.signature(flash_attn_func).parameters and all(hooks) and seam
 
 
 def fa4_backend(

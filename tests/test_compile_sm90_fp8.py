@@ -142,6 +142,10 @@ TWO_LEVEL_TWINS = {"exact_two_level": "exact", "h15_two_level": "h15"}
 CONSUMER_REGISTERS = "consumer registers"
 # Another: the bytes of the shared-storage struct the kernel allocated, as traced (compile_check).
 SHARED_STORAGE = "shared storage bytes"
+# And two of the waits for O's TMA store to read O's tile (cp.async.bulk.wait_group.read 0: DEPBAR.LE SB0): all of
+# them, and those right after the store's flush (Note [O store wait on the persistent grid]).
+O_STORE_WAITS = "O store waits"
+O_STORE_WAITS_AT_STORE = "O store waits right after the store"
 
 
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
@@ -156,6 +160,9 @@ def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
     (alloc,) = [ins for ins in instructions if split_instruction(ins)[0].startswith("USETMAXREG.TRY_ALLOC")]
     ops[CONSUMER_REGISTERS] = int(alloc.rsplit(",", 1)[1], 16)
     ops[SHARED_STORAGE] = compile_check.traced_shared_storage_bytes(cubin)
+    waits = ["DEPBAR.LE SB0" in ins for ins in instructions]
+    ops[O_STORE_WAITS] = sum(waits)
+    ops[O_STORE_WAITS_AT_STORE] = sum(waits[i + 1] for i, op in enumerate(opcodes) if op == "UTMACMDFLUSH")
     pv_gemm = f"QGMMA.64x{_o_per_thread(kwargs) * 2}x32."
     events = [op for op in opcodes if op.startswith("QGMMA") or op == "BAR.ARV"]
     ops[PV_THEN_ARRIVE] = sum(
@@ -471,6 +478,10 @@ def test_persistent_grid_gives_o_its_own_tile_and_takes_tiles_by_one_atomic(comp
     assert {op: n for op, n in ops.items() if op.startswith("QGMMA")} == {
         op: n for op, n in base_ops.items() if op.startswith("QGMMA")
     }
+    # Note [O store wait on the persistent grid]: FA4's grid waits for O's store right after it (then exits); the
+    # persistent grid waits before the next tile's epilogue and before the CTA exits, not after the store.
+    assert (base_ops[O_STORE_WAITS], base_ops[O_STORE_WAITS_AT_STORE]) == (1, 1)
+    assert (ops[O_STORE_WAITS], ops[O_STORE_WAITS_AT_STORE]) == (2, 0)
 
 
 # The columns and shared-memory offsets FA4's epilogue store (its StMatrix copy of the P.V accumulator, `epilogue` in

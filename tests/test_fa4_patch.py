@@ -27,6 +27,7 @@ PATCHED_FILES = (
     "flash_attn/cute/interface.py",
     "flash_attn/cute/flash_fwd_sm90.py",
     "flash_attn/cute/flash_fwd_sm100.py",
+    "flash_attn/cute/flash_fwd.py",
 )
 
 
@@ -50,7 +51,7 @@ def patched_copy(tmp_path_factory):
     return fa4_patch.copy_package(fa4_patch.default_site(), tmp_path_factory.mktemp("patched"), state="patched")
 
 
-def test_patches_parse_and_touch_only_the_three_files():
+def test_patches_parse_and_touch_only_the_four_files():
     patches = fa4_patch.load_patches()
     assert sorted({p.path for p in patches}) == sorted(PATCHED_FILES)
     assert all(p.hunks for p in patches)

@@ -351,6 +351,10 @@ PERSISTENT_CASES = [
     # tile 192 faulted before O's region held the overrun; 136 columns at the head-dim-128 defaults.
     ((8, 1024, 1024, 16, 16, 64), True, "exact", {"tile_m": 128, "tile_n": 192, "o_store": "pv_columns"}, False),
     ((2, 4096, 4096, 16, 16, 128), True, "rowmax_h15", {"o_store": "pv_columns"}, False),
+    # One KV tile per work tile: each epilogue follows the last O store by one tile's work, the shortest window for
+    # the store warp's deferred wait (Note [O store wait on the persistent grid]); 4,096 work tiles.
+    ((64, 512, 64, 16, 16, 128), False, "rowmax_h15", {}, False),
+    ((64, 512, 64, 16, 16, 128), True, "exact", {}, False),
 ]
 
 

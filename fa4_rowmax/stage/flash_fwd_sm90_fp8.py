@@ -116,6 +116,19 @@ tests/test_compile_sm90_fp8.py). Over Q's buffer (FA4's grid) that lands in K's,
 tile's main loop; O's own region ends the allocation, and without the padding the H200 faulted there (an illegal
 address at head dim 64, tile 192: studies/fp8_sm90/persistent_fault.py, bench/results/h200_2026-12-04_s16/).
 
+Note [O store wait on the persistent grid]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+FA4's epilogue has its store warp (warp 4) wait for O's TMA store to read O's shared tile right after issuing it:
+on FA4's grid the CTA exits next, and its shared memory must outlive the read. On the persistent grid every consumer
+thread meets the store warp at the next tile's slot barrier (Note [Dynamic persistent order]), so all of them waited
+for that read at every tile boundary with the tensor cores idle: in Nsight Compute the consumers' largest stall
+outside the main loop (bench/results/h200_2026-12-04_s18/ncu_persistent/, three warpgroups at 32K: 2,346 samples at
+the slot barrier, the per-tile grid's CTA exit 2,078). The read only has to finish before O's tile is written again,
+so on the persistent grid `wait_o_store` (FA4's seam, patch 0004) does nothing after the store; the store warp
+waits at the start of the next epilogue, before FA4's first epilogue barrier, which every consumer thread passes
+before it writes O's tile; and after the last tile, before the CTA exits (`advance_to_next_work`, when the next
+tile number is past the last).
+
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A varlen V^T holds sequence b's keys from FA4's padded offset `padded_offset_k` with the kernel's tile_n, not
@@ -145,7 +158,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from quack import sm90_utils
 
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90
-from fa4_rowmax.stage.tile_scheduler_sm90 import dynamic_persistent_scheduler
+from fa4_rowmax.stage.tile_scheduler_sm90 import O_STORE_WARP, dynamic_persistent_scheduler
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
@@ -365,6 +378,12 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         scheduler = dynamic_persistent_scheduler(self.persistent_ctas, self.num_mma_threads)
         return scheduler, replace(tile_sched_args, tile_count_semaphore=aux_data.tensors[-1].iterator)
 
+    def wait_o_store(self):
+        """FA4's seam (patch 0004): on the persistent grid the store warp waits for O's TMA store before the next
+        tile's epilogue writes O's tile, not right after the store (Note [O store wait on the persistent grid])."""
+        if const_expr(not self.persistent_ctas):
+            super().wait_o_store()
+
     @cute.jit
     def epilogue(
         self,
@@ -383,7 +402,11 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         batch_idx: Int32,
     ):
         """FA4's epilogue; with `o_columns` set, on O's head_dim columns alone (Note [O's tile without the row-sum
-        columns])."""
+        columns]); on the persistent grid after the previous tile's O store has read O's tile (Note [O store wait on
+        the persistent grid])."""
+        if const_expr(self.persistent_ctas):
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == O_STORE_WARP:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         if const_expr(self.o_columns is None):
             super().epilogue(
                 acc_O, lse, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, tma_atom_O, tiled_mma, tidx, m_block, head_idx,

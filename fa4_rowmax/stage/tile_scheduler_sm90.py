@@ -37,6 +37,7 @@ from quack.cute_dsl_utils import ParamsBase
 SLOT_BARRIERS = (len(NamedBarrierFwd) + 1, len(NamedBarrierFwd) + 2)
 COUNTER = 0  # the semaphore's first element; CTA c's slots are 1 + 2c and 2 + 2c
 PRODUCER_THREADS = 32  # FA4's one TMA producer warp
+O_STORE_WARP = 4  # the consumer warp FA4's epilogue issues O's TMA store from (flash_fwd.py)
 
 
 def semaphore_numel(num_ctas: int) -> int:
@@ -113,6 +114,10 @@ class DynamicPersistentTileScheduler:
         else:
             cute.arch.barrier(barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=threads)
             tile_idx = slots[slot]
+            # The CTA's last tile: its O store must read O's tile before the CTA exits (Note [O store wait on the
+            # persistent grid], flash_fwd_sm90_fp8.py).
+            if tile_idx >= self.params.order.total_blocks and warp_idx == O_STORE_WARP:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         self._tile_idx = tile_idx
         self._step = self._step + 1
 
