@@ -107,9 +107,10 @@ class KernelConfig:
 #   fixed cost per work tile goes), H15 at head dim 128 causal with two warpgroups (+1-13 %, the most at 2K) and
 #   non-causal with three (+1 %: -1 to -4 % with 16 KV heads at 16K-32K, +2-4 % with 4), H15 at head dim 64 causal
 #   (+0-12 %). Not H15 at head dim 128 causal with three warpgroups (the GQA tiling: +6 % at 2K, -1 to -5 % from 8K)
-#   nor at head dim 64 non-causal (-1 to -4 % from 8K); why it loses there is not measured (the main loop's
-#   local-memory traffic is the same within 2 accesses, CPU compile). An entry that takes it yields to the caller's
-#   knobs where they leave no room for O's own tile, and varlen calls run FA4's varlen scheduler.
+#   nor at head dim 64 non-causal (-1 to -4 % from 8K): more cycles at the GEMM waits, not a lower clock (_s18/),
+#   the cause not isolated (not the tile order: FA4's own non-causal order lost the same, _s19/). An entry that
+#   takes it yields to the caller's knobs where they leave no room for O's own tile, and varlen calls run FA4's
+#   varlen scheduler.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
 # exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
 # entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the
