@@ -84,7 +84,9 @@ RESUME=${RESUME:-}  # BUDGET=seconds overrides a qwen step's scoring budget
 # compile once, each length loads the export in seconds), each with --time-budget-s BUDGET (B<SIZE>=seconds
 # overrides it), all under one timeout of the budgets + SLACK (loads, compiles, the last blocks' overrun). To add
 # blocks in a later call: PREVIOUS=<folder holding the cut runs' quality_NAME_<SIZE>.json> RESUME=--resume.
-FP8_ACC_MODES="exact_fp8_ksmooth exact_fp8_ksmooth_single_acc rowmax_h15_fp8_ksmooth rowmax_h15_fp8_ksmooth_single_acc"
+# FP8_ACC_MODES=... narrows the modes (the two-level ones alone rerun the defaults' rows: single-level keeps
+# config.STAGE_KNOBS, which the tuned defaults never change).
+FP8_ACC_MODES=${FP8_ACC_MODES:-exact_fp8_ksmooth exact_fp8_ksmooth_single_acc rowmax_h15_fp8_ksmooth rowmax_h15_fp8_ksmooth_single_acc}
 fp8_long_step() {
   local model=$1 name=$2 export_limit=$3 limit=$4 row size blocks budget calls=()
   shift 4
