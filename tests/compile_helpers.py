@@ -4,21 +4,13 @@ CI matrix, one configuration's result, and the checks every architecture must pa
 Assertions here are rewritten by pytest (`register_assert_rewrite` in conftest.py).
 """
 
-import os
 import re
 from pathlib import Path
-
-import pytest
 
 from fa4_rowmax.testing import compile_check
 from fa4_rowmax.testing.sass import split_instruction
 
 DEFAULT_CONFIG = compile_check.DEFAULT_CONFIG  # what a configuration not otherwise given compiles with
-
-# The full matrix (dtypes x causal x head dim x GQA/varlen x modes) only on request: it takes about 30 min.
-full_matrix_only_on_request = pytest.mark.skipif(
-    os.environ.get("FA4_FULL_COMPILE_MATRIX") != "1", reason="opt-in: set FA4_FULL_COMPILE_MATRIX=1 (about 30 min)"
-)
 
 
 def compile_configs(arch: str, configs: list[dict], tmp_path_factory, name: str) -> dict:

@@ -82,7 +82,8 @@ COUNTED_OPS = (
 
 
 def ci_matrix(arch: str) -> list[dict]:
-    """Small enough for CI (2 CPUs, ~10 minutes for both archs): stock reference + modes + beta sweep."""
+    """The small matrix whose SASS the compile tests check case by case (2 CPUs, ~10 minutes for both archs): stock
+    reference + modes + beta sweep; `full_matrix` adds breadth (both run in CI)."""
     base = dict(DEFAULT_CONFIG)
     configs = [
         dict(base, mode="exact"),
