@@ -13,8 +13,9 @@ Note [Strict skips]
 With LOWPREC_STRICT_SKIPS=1 (set by .ci/run), a skipped test fails unless its reason starts with one of
 `ALLOWED_SKIP_PREFIXES`: "needs a CUDA GPU" (the GPU tests on a CPU machine) or "opt-in:" (what the README
 lists as opt-in: the quality quick slice on a machine set up without `--quality`; CI sets up with it, so in CI only
-the GPU tests skip). A missing package or an unpatched FA4 is then a red CI, not a quiet skip counted as a pass. "needs a CUDA GPU" counts only where there is none:
-on a machine with CUDA such a skip (a test gated by hand on an architecture) fails the strict run too.
+the GPU tests skip). A missing package or an unpatched FA4 is then a red CI, not a quiet skip counted as a pass.
+"needs a CUDA GPU" counts only where there is none: on a machine with CUDA such a skip (a test gated by hand on an
+architecture) fails the strict run too.
 """
 
 import os
