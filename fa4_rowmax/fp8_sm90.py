@@ -696,6 +696,13 @@ def _forward(
     tile_n = stage.tile_n
     index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     fake = is_fake_mode()
+    # Note [Dynamic persistent order]: the counter and the slots; the dense pre-pass zeroes the counter (Note [The
+    # counter zeroed by the pre-pass], v_transpose.py; persistent grids are dense only).
+    semaphore = (
+        torch.empty(semaphore_numel(config.persistent_ctas), dtype=torch.int32, device=q.device)
+        if config.persistent_ctas
+        else None
+    )
     if fake:
         from fa4_rowmax.stage.v_transpose import padded_keys, varlen_vt_start
 
@@ -714,13 +721,7 @@ def _forward(
     else:
         from fa4_rowmax.stage.v_transpose import v_transpose
 
-        vt, descale = v_transpose(v, *descales, row_sum_rows=row_sum_rows)
-    # Note [Dynamic persistent order]: the counter and the slots, zeroed per call.
-    semaphore = (
-        torch.zeros(semaphore_numel(config.persistent_ctas), dtype=torch.int32, device=q.device)
-        if config.persistent_ctas
-        else None
-    )
+        vt, descale = v_transpose(v, *descales, row_sum_rows=row_sum_rows, counter=semaphore)
     if config not in _compile_cache:
         _compile_cache[config] = _compile(config, q, k, vt, out, lse, descale, semaphore, index)
     if fake:

@@ -12,6 +12,9 @@
 #   bash scripts/h200_session.sh persistentdefaults[gpu] OUT  # the same with the persistent grid in every tuned entry
 #   bash scripts/h200_session.sh persistent OUT   # the defaults on FA4's grid and on the persistent one, and the
 #                                                 # exp2-deleted probe on each, beside FA3-FP8, 2K-32K (~3 minutes)
+#   bash scripts/h200_session.sh counterzero OUT  # the tile counter zeroed by the V^T pre-pass: its GPU tests (the
+#                                                 # persistent grid's bit identity from stale counter memory), then
+#                                                 # the time a call saves (studies.fp8_sm90.counter_zeroing; ~5 min)
 #   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
 #                                                 # 128 causal GQA and head dim 64 non-causal, 32K (~4 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
@@ -218,6 +221,12 @@ case "$STEP" in
       fa4_fp8_exact_two_level_persistent fa4_fp8_h15_two_level_per_tile fa4_fp8_h15_two_level_persistent \
       fa4_fp8_exact_noexp_defaults fa4_fp8_exact_noexp_defaults_per_tile > "$OUT/bench.log" 2>&1
     echo "persistent: exit status $?"; tail -3 "$OUT/bench.log" ;;
+  counterzero)
+    # issue 22: Note [The counter zeroed by the pre-pass] (v_transpose.py)
+    timeout 330 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "persistent_grid_is_bit_identical or \
+      v_transpose_prepass" > "$OUT/pytest_counter.log" 2>&1; tail -2 "$OUT/pytest_counter.log"
+    timeout 120 python3 -m studies.fp8_sm90.counter_zeroing --json "$OUT/counter_zeroing.json" \
+      > "$OUT/counter_zeroing.log" 2>&1; echo "counter_zeroing: exit status $?"; cat "$OUT/counter_zeroing.log" ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from helpers_fp8 import poison_allocator, random_descales
+from helpers_fp8 import poison_allocator, random_descales, stale_small_blocks
 
 from fa4_rowmax.config import FP8_MAX_OFFSET, SoftmaxConfig
 from fa4_rowmax.gates.tolerances import EX2_EMULATION_REL_ERROR, fp8_kernel_bounds
@@ -365,8 +365,10 @@ def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
     computes, so out and LSE equal FA4's one-CTA-per-tile grid bit for bit (a NaN in q included). A tile taken twice or
     never (Note [Dynamic persistent order]), the next Q loaded over O in shared memory, or softmax state carried from
     a CTA's previous tile would show (the output memory is poisoned with NaN first; two runs, since the order in which
-    CTAs take tiles changes from run to run)."""
-    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+    CTAs take tiles changes from run to run). The tile counter's memory starts stale, as an earlier call leaves it:
+    only the pre-pass's 0 lets the grid take its tiles (Note [The counter zeroed by the pre-pass])."""
+    from fa4_rowmax.fp8_sm90 import _sm_count, flash_attn_fp8_sm90
+    from fa4_rowmax.stage.tile_scheduler_sm90 import semaphore_numel
 
     q, k, v = _inputs(hash((shape, causal, mode, "persistent")) % 2**31, *shape)
     q[0, shape[1] // 2, 0, 5] = math.nan
@@ -375,6 +377,7 @@ def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
     results = []
     for persistent in (False, True, True):
         poison_allocator()
+        stale_small_blocks(semaphore_numel(_sm_count(q.device, False)), 2**30)
         results.append(
             flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, persistent=persistent, **knobs, **scales)
         )
@@ -606,6 +609,11 @@ def test_v_transpose_prepass(row_sum_rows):
     dq, dk, dv = random_descales(0, 2, 3)
     _, descale = v_transpose(v, dq, None, dv)
     assert torch.equal(descale[..., 0], dq) and torch.equal(descale[..., 1], dv)
+    # Note [The counter zeroed by the pre-pass]: element 0 alone, whatever was there.
+    counter = torch.arange(7, 7 + 265, dtype=torch.int32, device="cuda")
+    vt_with_counter, _ = v_transpose(v, row_sum_rows=row_sum_rows, counter=counter)
+    assert counter[0].item() == 0 and torch.equal(counter[1:].cpu(), torch.arange(8, 7 + 265, dtype=torch.int32))
+    assert torch.equal(vt_with_counter.view(torch.uint8), vt.view(torch.uint8))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -182,6 +182,13 @@ v = (torch.randn(2, 100, 3, 64, generator=gen) * 8).to(torch.float8_e4m3fn)
 vt, descale = v_transpose(v, row_sum_rows=8)
 expected = v_transpose_reference(v, 8).view(torch.uint8)
 results["dense_8"] = [descale is None, torch.equal(vt.permute(0, 2, 3, 1).view(torch.uint8), expected)]
+counter = torch.arange(5, 5 + 265, dtype=torch.int32)
+vt, _ = v_transpose(v, row_sum_rows=8, counter=counter)
+results["dense_counter"] = [
+    counter[0].item() == 0,
+    torch.equal(counter[1:], torch.arange(6, 5 + 265, dtype=torch.int32)),
+    torch.equal(vt.permute(0, 2, 3, 1).view(torch.uint8), expected),
+]
 print(json.dumps(results))
 """
 
@@ -195,11 +202,27 @@ def _run(script: str, env: dict, *args: str, timeout: int = 600) -> subprocess.C
 def test_varlen_prepass_bit_for_bit_under_the_interpreter():
     """Lengths 0, 1, 16, 17, a tile and more, at tile_n 128 / 160 / 192, with and without the MMA row-sum rows
     and descales; the reference places each sequence's dense V^T at its start (zeros elsewhere), so the whole
-    buffer is compared, gaps included. Also the dense pass, which shares the block writer."""
+    buffer is compared, gaps included. Also the dense pass, which shares the block writer, and its zeroing of the
+    persistent grid's counter (Note [The counter zeroed by the pre-pass]): element 0 alone."""
     result = _run(_INTERPRETED, dict(os.environ, TRITON_INTERPRET="1"))
     assert result.returncode == 0, result.stderr[-3000:]
     checks = json.loads(result.stdout.strip().splitlines()[-1])
     assert all(all(v) for v in checks.values()), checks
+
+
+@pytest.mark.parametrize(
+    "counter, match",
+    [
+        (torch.zeros(3, dtype=torch.float32), r"counter must be an int32 tensor .* got torch.float32 of 3 elements"),
+        (torch.zeros(0, dtype=torch.int32), r"counter must be an int32 tensor of at least one element .* 0 elements"),
+    ],
+)
+def test_the_prepass_refuses_a_counter_it_cannot_zero(counter, match):
+    """Note [The counter zeroed by the pre-pass]: named before any launch."""
+    from fa4_rowmax.stage.v_transpose import v_transpose
+
+    with pytest.raises(ValueError, match=match):
+        v_transpose(torch.zeros(1, 16, 1, 64).to(E4M3), counter=counter)
 
 
 def test_the_reference_places_each_sequence_at_fa4s_padded_offset():
@@ -238,12 +261,22 @@ for rows, descale in ((128, False), (136, True)):
     signature = {**pointers, **scalars, **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn=m._v_transpose_varlen_kernel, signature=signature, constexprs=constexprs)
     assert "st.global" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+dense_pointers = dict(v_ptr="*u8", vt_ptr="*u8", qd_ptr="*u8", kd_ptr="*u8", vd_ptr="*u8", descale_ptr="*u8",
+                      counter_ptr="*i32")
+dense_scalars = dict(seqlen_k="i32", heads_kv="i32", keys_padded="i32", stride_vb="i32", stride_vs="i32",
+                     stride_vh="i32")
+constexprs = dict(HEAD_DIM=128, ROWS_OUT=136, BLOCK_KEYS=m.BLOCK_KEYS, HAS_DESCALE=False, HAS_Q=False, HAS_K=False,
+                  HAS_V=False, HAS_COUNTER=True)
+signature = {**dense_pointers, **dense_scalars, **{name: "constexpr" for name in constexprs}}
+source = ASTSource(fn=m._v_transpose_kernel, signature=signature, constexprs=constexprs)
+assert "st.global.b32" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]  # the counter's 0
 print("ok")
 """
 
 
 def test_varlen_prepass_compiles_for_sm90(tmp_path):
-    """The interpreter runs Python; the CUDA build (Triton ships ptxas) must accept the binary search loop too."""
+    """The interpreter runs Python; the CUDA build (Triton ships ptxas) must accept the binary search loop too, and
+    the dense pass with the counter's store (Note [The counter zeroed by the pre-pass])."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = _run(_SM90_TRITON, dict(env, TRITON_CACHE_DIR=str(tmp_path)))
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -19,8 +19,9 @@ hands the number to the consumer warpgroups through a slot in global memory and 
 s = step % 2 of its CTA, arrives at barrier SLOT_BARRIERS[s] (the producer warp and every consumer thread), and the
 consumers wait there and read the slot. Two slots suffice: the producer writes step j + 2's slot only after loading
 step j + 2's Q, which waits for the consumers to release step j + 1's Q, which they do after reading step j's slot;
-the same order keeps each barrier's phases apart. The counter and the slots are one int32 tensor, zeroed per call
-(`semaphore_numel`), that travels as FA4's last aux tensor.
+the same order keeps each barrier's phases apart. The counter and the slots are one int32 tensor (`semaphore_numel`),
+the counter zeroed before every call by the V^T pre-pass (Note [The counter zeroed by the pre-pass], v_transpose.py),
+that travels as FA4's last aux tensor.
 """
 
 from dataclasses import dataclass

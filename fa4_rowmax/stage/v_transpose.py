@@ -8,7 +8,17 @@ It moves bytes only: e4m3 in, e4m3 out, bit for bit. Varlen V (total_k, kv heads
 per sequence, at FA4's padded varlen offsets (Note [Varlen V^T]).
 
 With descales it also writes the (batch, kv heads, 2) fp32 tensor (q_descale * k_descale, v_descale) the
-kernel reads per work tile (Note [Descales]), so a call launches this kernel and the attention kernel only.
+kernel reads per work tile (Note [Descales]), and for a persistent grid it zeroes the tile counter (Note [The
+counter zeroed by the pre-pass]), so a call launches this kernel and the attention kernel only.
+
+Note [The counter zeroed by the pre-pass]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The persistent grid's CTAs take work tiles from a global counter that must read 0 when the attention kernel starts
+(Note [Dynamic persistent order], tile_scheduler_sm90.py); the slots beside it are written before they are read.
+A separate `torch.zeros` is a kernel launch of its own on every call, its run and the gap before the next launch
+(~2-3 us, a quarter to a third of a per-cent at 8K causal). The dense pre-pass runs on the same stream right
+before the attention kernel, so its first program stores the 0 instead, and stream order makes the store visible
+to the attention kernel's first atomic add.
 
 Note [Varlen V^T]
 ~~~~~~~~~~~~~~~~~
@@ -91,6 +101,7 @@ def _v_transpose_kernel(
     kd_ptr,
     vd_ptr,
     descale_ptr,
+    counter_ptr,
     seqlen_k,
     heads_kv,
     keys_padded,
@@ -104,6 +115,7 @@ def _v_transpose_kernel(
     HAS_Q: tl.constexpr,
     HAS_K: tl.constexpr,
     HAS_V: tl.constexpr,
+    HAS_COUNTER: tl.constexpr,
 ):
     pid_key = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -117,6 +129,9 @@ def _v_transpose_kernel(
     if HAS_DESCALE:
         if pid_key == 0:
             _write_descale(qd_ptr, kd_ptr, vd_ptr, descale_ptr, pid_bh, HAS_Q, HAS_K, HAS_V)
+    if HAS_COUNTER:
+        if pid_key + pid_bh == 0:  # Note [The counter zeroed by the pre-pass]
+            tl.store(counter_ptr, 0)
 
 
 @triton.jit
@@ -192,13 +207,19 @@ def _descale_args(q_descale, k_descale, v_descale, batch: int, heads_kv: int, de
     return descale, pointers, flags
 
 
-def v_transpose(v: torch.Tensor, q_descale=None, k_descale=None, v_descale=None, row_sum_rows: int = 0):
+def v_transpose(v: torch.Tensor, q_descale=None, k_descale=None, v_descale=None, row_sum_rows: int = 0, counter=None):
     """V (b, s_k, h_k, d) e4m3 -> (V^T as a (b, s_pad, h_k, d + row_sum_rows) view with key stride 1, descale or None).
 
     `row_sum_rows` (0 or 8) appends Note [Row sum by the MMA]'s rows: ones for the real keys, then zeros.
     The descales are fp32 (b, h_k) contiguous tensors (validated by the host entry); the returned descale is
-    fp32 (b, h_k, 2), or None when all three are None.
+    fp32 (b, h_k, 2), or None when all three are None. `counter`, an int32 tensor on v's device, gets 0 in its
+    first element (Note [The counter zeroed by the pre-pass]).
     """
+    if counter is not None and (counter.dtype != torch.int32 or counter.device != v.device or counter.numel() < 1):
+        raise ValueError(
+            f"counter must be an int32 tensor of at least one element on v's device {v.device}, got "
+            f"{counter.dtype} of {counter.numel()} elements on {counter.device}"
+        )
     batch, seqlen_k, heads_kv, head_dim = v.shape
     keys_padded = padded_keys(seqlen_k)
     rows_out = head_dim + row_sum_rows
@@ -210,6 +231,7 @@ def v_transpose(v: torch.Tensor, q_descale=None, k_descale=None, v_descale=None,
         v_bytes,
         vt_bytes,
         *pointers,
+        counter if counter is not None else vt_bytes,
         seqlen_k,
         heads_kv,
         keys_padded,
@@ -220,6 +242,7 @@ def v_transpose(v: torch.Tensor, q_descale=None, k_descale=None, v_descale=None,
         ROWS_OUT=rows_out,
         BLOCK_KEYS=BLOCK_KEYS,
         **flags,
+        HAS_COUNTER=counter is not None,
         num_warps=NUM_WARPS,
     )
     return vt.permute(0, 3, 1, 2), descale
