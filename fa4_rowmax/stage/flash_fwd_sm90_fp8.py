@@ -138,17 +138,20 @@ the causal diagonal, or the end of seqlen_k. When that key falls in the tile's f
 half is masked for every row of the tile: with tile_m 128 and tile_n 256 under a causal mask that is every other
 m block, a quarter of a tile's GEMM work that FA4 computes and then masks away (3.1 % of all the GEMM work at 8K
 causal against 1.6 % with tiles of 128 keys; 12 % against 6 % at 2K). With masked_half="skip" (two-level
-accumulation without intra-warpgroup overlap, tile_n/2 a multiple of 32) `mma_one_n_block` then runs the S GEMM
-at N = tile_n/2 into the first half of the S accumulator (the wgmma's accumulator registers of a narrower N are
-the first ones of the wider: columns in groups of 8, the group the slowest index), zeroes the second half, and runs
-the P.V GEMM over the first tile_n/2 keys only. FA4's mask then writes -inf over the second half as it would over
-the computed values (a select, not an add), so the softmax, its row max and row sum see what they saw; the P
-bytes there are 0, so the P.V k-steps skipped would have added 0 x V: O is bit for bit FA4's where V is finite.
-A NaN or Inf in V's keys of the skipped half (keys no row of the tile sees) no longer reaches the tile's rows
-through 0 x Inf, as it does through FA4's full GEMM. Which tiles qualify is FA4's own geometry: `BlockInfo` with
-tile_n/2 (causal offset, pack_gqa, seqlen_k) gives an odd n_block_max exactly when the last visible key is in a
-first half. The half-N tiled MMA partitions the first tile_n/2 rows of K's shared buffer in `mma`, where FA4 has
-them, for `mma_one_n_block`.
+accumulation without intra-warpgroup overlap, tile_n/2 a multiple of 32) `mma_one_n_block` runs the first KV
+tile's S GEMM as two at N = tile_n/2, the second (keys tile_n/2 on) only where the tile does not qualify, and its
+P.V GEMM over the first tile_n/2 keys where it does. The S halves are views of one S accumulator: a wgmma's
+accumulator registers at a narrower N are the first ones of the wider (columns in groups of 8, the group the
+slowest index), so the halves are its first and second halves. The skipped half is set to -inf once its GEMM is
+done, and FA4's mask writes -inf there as over computed values (a select, not an add), so the softmax, its row max
+and row sum see what they saw; the P bytes there are 0, so the P.V k-steps skipped would have added 0 x V: O is bit
+for bit FA4's where V is finite. A NaN or Inf in V's keys of the skipped half (keys no row of the tile sees) no
+longer reaches the tile's rows through 0 x Inf, as it does through FA4's full GEMM. Which tiles qualify is FA4's own
+geometry: `BlockInfo` at tile_n/2 (causal offset, pack_gqa, seqlen_k) gives an odd n_block_max exactly when the last
+visible key is in a first half. `mma` partitions both halves of K's shared buffer with the half-N tiled MMA, where
+FA4 has them, for `mma_one_n_block`. ptxas keeps the wgmmas pipelined only if each branch waits for what it issued
+and the S accumulator is written by the same wgmmas on both paths (a full-N GEMM in one branch and a half-N one in
+the other, on one accumulator, serialized every wgmma of the kernel: C7511, "insufficient register resources").
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -267,6 +270,7 @@ class FirstTileHalf:
     tiled_mma_qk: cute.TiledMma
     tSrQ: cute.Tensor
     tSrK: cute.Tensor
+    tSrK_upper: cute.Tensor
 
     def qualifies(self, seqlen: SeqlenInfoQK, m_block: Int32):
         """Whether the work tile's last visible key is in its first KV tile's first half: an odd n_block_max at
@@ -688,12 +692,18 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             warp_group_idx = cute.arch.make_warp_uniform(tidx // self.num_threads_per_warp_group)
             warp_group_thread_layout = cute.make_layout(self.num_wg_mma, stride=self.num_threads_per_warp_group)
             wg_mma_half = tiled_mma_half.get_slice(warp_group_thread_layout(warp_group_idx))
-            sK_half = cute.local_tile(sK, (self.tile_n // 2, self.tile_hdim, cute.size(sK.shape[2])), (0, 0, 0))
+            halves = [
+                cute.local_tile(sK, (self.tile_n // 2, self.tile_hdim, cute.size(sK.shape[2])), (i, 0, 0))
+                for i in (0, 1)
+            ]
             _, tSrQ, tSrK = sm90_utils.partition_fragment_ABC(
-                wg_mma_half, (self.tile_m, self.tile_n // 2, self.tile_hdim), sQ, sK_half
+                wg_mma_half, (self.tile_m, self.tile_n // 2, self.tile_hdim), sQ, halves[0]
+            )
+            _, _, tSrK_upper = sm90_utils.partition_fragment_ABC(
+                wg_mma_half, (self.tile_m, self.tile_n // 2, self.tile_hdim), sQ, halves[1]
             )
             self.first_tile_half = FirstTileHalf(
-                replace(block_info, tile_n=self.tile_n // 2), tiled_mma_half, tSrQ, tSrK
+                replace(block_info, tile_n=self.tile_n // 2), tiled_mma_half, tSrQ, tSrK, tSrK_upper
             )
         return super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, *args)
 
@@ -734,31 +744,40 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         pipeline_k.consumer_wait(smem_pipe_read, pipeline_k.consumer_try_wait(smem_pipe_read))
         skip_half = const_expr(is_first_n_block and self.first_tile_half is not None)
         if const_expr(skip_half):
-            # Note [The masked half of the first KV tile]
+            # Note [The masked half of the first KV tile]. Each branch issues, hands over and waits for its own GEMM:
+            # a wgmma issued in one branch and waited for after the branches merge is an ill-formed pipeline stage to
+            # ptxas, which then serializes every wgmma of the kernel.
             first_half = self.first_tile_half.qualifies(seqlen, mask_fn.keywords["m_block"])
             tiled_mma_qk, tSrQ, tSrK = qk_gemm_operands(mma_qk_fn)
             acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
             half = self.first_tile_half
+            half_layout = cute.make_layout(half.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n // 2)))
+            acc_S_lower = cute.make_tensor(acc_S.iterator, half_layout)
+            acc_S_upper = cute.make_tensor(acc_S.iterator + cute.size(half_layout), half_layout)
+            k_steps = cute.size(half.tSrQ.shape[2])
+            gemm_k_blocks(
+                half.tiled_mma_qk, acc_S_lower, half.tSrQ, half.tSrK[None, None, None, smem_pipe_read.index], k_steps
+            )
             if first_half:
-                acc_S_half = cute.make_tensor(
-                    acc_S.iterator,
-                    cute.make_layout(half.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n // 2))),
-                )
-                for i in cutlass.range_constexpr(cute.size(acc_S_half), cute.size(acc_S)):
-                    acc_S[i] = Float32(0.0)
-                gemm_k_blocks(
-                    half.tiled_mma_qk, acc_S_half, half.tSrQ, half.tSrK[None, None, None, smem_pipe_read.index],
-                    cute.size(half.tSrQ.shape[2]),
-                )  # fmt: skip
+                self.warp_scheduler_barrier_arrive()
+                warpgroup.wait_group(0)
+                for i in cutlass.range_constexpr(cute.size(acc_S_upper)):
+                    acc_S_upper[i] = -Float32.inf
             else:
                 gemm_k_blocks(
-                    tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, smem_pipe_read.index], cute.size(tSrQ.shape[2])
+                    half.tiled_mma_qk,
+                    acc_S_upper,
+                    half.tSrQ,
+                    half.tSrK_upper[None, None, None, smem_pipe_read.index],
+                    k_steps,
                 )
+                self.warp_scheduler_barrier_arrive()
+                warpgroup.wait_group(0)
         else:
             acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
-        if const_expr(not self.arrive_after_pv or is_first_n_block):
-            self.warp_scheduler_barrier_arrive()
-        warpgroup.wait_group(0)
+            if const_expr(not self.arrive_after_pv or is_first_n_block):
+                self.warp_scheduler_barrier_arrive()
+            warpgroup.wait_group(0)
         pipeline_k.consumer_release(smem_pipe_read)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S=acc_S, n_block=n_block)
@@ -776,9 +795,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
                 gemm_k_blocks(
                     tiled_mma_pv, acc_PV, tOrP_pv, tOrVt[None, None, None, smem_pipe_read.index], k_blocks // 2
                 )
+                warpgroup.wait_group(0)
             else:
                 gemm_k_blocks(tiled_mma_pv, acc_PV, tOrP_pv, tOrVt[None, None, None, smem_pipe_read.index], k_blocks)
-            warpgroup.wait_group(0)
+                warpgroup.wait_group(0)
             self.arrive_after_pv_gemm(n_block)
             acc_O.fill(0.0)
             softmax.promote_O(acc_O, acc_PV, row_scale)
