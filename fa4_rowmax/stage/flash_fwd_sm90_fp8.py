@@ -364,16 +364,20 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         return atom, atom, atom, atom, None
 
     def _get_tiled_mma(self):
-        tiled_mma_qk = sm90_utils_basic.make_trivial_tiled_mma(
+        return self._tiled_mma_qk(self.tile_n), self._tiled_mma_pv(self.tile_hdimv)
+
+    def _tiled_mma_qk(self, keys: int):
+        """The S GEMM's tiled MMA over `keys` of a KV tile (tile_n; half of it for Note [The masked half of the first
+        KV tile])."""
+        return sm90_utils_basic.make_trivial_tiled_mma(
             self.operand_dtype,
             self.operand_dtype,
             warpgroup.OperandMajorMode.K,
             warpgroup.OperandMajorMode.K,
             Float32,
             atom_layout_mnk=(self.tile_m // 64, 1, 1),
-            tiler_mn=(64, self.tile_n),
+            tiler_mn=(64, keys),
         )
-        return tiled_mma_qk, self._tiled_mma_pv(self.tile_hdimv)
 
     def o_store_columns(self) -> int:
         return self.tile_hdimv if self.o_columns is None else self.o_columns
@@ -680,15 +684,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         tile_n/2 rows of each K stage, for `mma_one_n_block` (Note [The masked half of the first KV tile])."""
         if const_expr(self.skip_masked_half):
             (_, _, _, _, _, _, tidx, _, _, block_info) = args[:10]
-            tiled_mma_half = sm90_utils_basic.make_trivial_tiled_mma(
-                self.operand_dtype,
-                self.operand_dtype,
-                warpgroup.OperandMajorMode.K,
-                warpgroup.OperandMajorMode.K,
-                Float32,
-                atom_layout_mnk=(self.tile_m // 64, 1, 1),
-                tiler_mn=(64, self.tile_n // 2),
-            )
+            tiled_mma_half = self._tiled_mma_qk(self.tile_n // 2)
             warp_group_idx = cute.arch.make_warp_uniform(tidx // self.num_threads_per_warp_group)
             warp_group_thread_layout = cute.make_layout(self.num_wg_mma, stride=self.num_threads_per_warp_group)
             wg_mma_half = tiled_mma_half.get_slice(warp_group_thread_layout(warp_group_idx))
