@@ -310,6 +310,11 @@ class SoftmaxStage:
                     "(Note [Scheduler window after the P.V GEMM]); accepted: arrive_after_pv=True with "
                     "intra_wg_overlap=False, or arrive_after_pv=False"
                 )
+            if self.masked_half == "skip" and any(features.get(name) is not None for name in FP8_SM90_VARLEN_ARGS):
+                raise ValueError(
+                    "masked_half='skip' is tested on dense batches only (Note [The masked half of the first KV "
+                    "tile]); accepted with cu_seqlens_q/k or seqused_q/k: masked_half='compute'"
+                )
             if self.masked_half == "skip" and (
                 self.pv_accumulation != "two_level" or self.intra_wg_overlap or (self.tile_n // 2) % 32
             ):

@@ -535,7 +535,8 @@ def test_persistent_grid_is_refused_for_varlen():
 )
 def test_skipping_the_masked_half_is_refused_where_it_is_not_built(knobs):
     """Note [The masked half of the first KV tile]: the step without overlap, two-level, whole k32 steps of keys in a
-    half tile; anything else is refused by name, never run with the full tile instead."""
+    half tile, dense batches (the GPU tests' cases); anything else is refused by name, never run with the full tile
+    instead."""
     from fa4_rowmax.interface import softmax_stage
 
     for tile_n in (128, 192, 256):
@@ -543,6 +544,9 @@ def test_skipping_the_masked_half_is_refused_where_it_is_not_built(knobs):
         assert accepted.for_kernel(arch=90, q_dtype=E4M3).masked_half == "skip"
     with pytest.raises(ValueError, match=r"^masked_half='skip' runs the first KV tile.*masked_half='compute'"):
         softmax_stage("rowmax_h15", masked_half="skip", **knobs).for_kernel(arch=90, q_dtype=E4M3)
+    cu = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^masked_half='skip' is tested on dense batches only.*'compute'"):
+        accepted.for_kernel(arch=90, q_dtype=E4M3, features={"cu_seqlens_q": cu, "cu_seqlens_k": cu})
 
 
 @pytest.mark.gpu(arch="sm90")
