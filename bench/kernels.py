@@ -220,6 +220,14 @@ FP8_TUNED_TILE_M = {
     for name, mode in (("exact", "exact"), ("h15", "rowmax_h15"))
     for tile_m in (128, 192)  # fa4_rowmax.config.FP8_TILE_MS
 }
+# The first KV tile's masked half skipped (Note [The masked half of the first KV tile]) at the tile_m 128 entries
+# without intra-warpgroup overlap: at head dim 128 the same structure as `*_tuned_m128`, the rows to compare it
+# with; opt-in rows (`--kernels '*_tuned_m128_masked_half'`).
+FP8_MASKED_HALF = {
+    f"{name}_masked_half": {**knobs, "intra_wg_overlap": False, "masked_half": "skip"}
+    for name, knobs in FP8_TUNED_TILE_M.items()
+    if knobs["tile_m"] == 128
+}
 # The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
 FP8_PROBE_M192 = {
     "softmax_mode": "exact",
@@ -1033,6 +1041,7 @@ def _fp8_specs() -> list[KernelSpec]:
     ]
     variants += list(FP8_O_STORE.items())
     variants += list(FP8_TUNED_TILE_M.items())
+    variants += list(FP8_MASKED_HALF.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(

@@ -151,6 +151,11 @@ STAGE_KNOBS = {
     # per work tile, so that the next tile's loads run under this tile's last GEMM and epilogue (Note [Persistent
     # work tiles], stage/flash_fwd_sm90_fp8.py). Varlen calls keep FA4's varlen scheduler (refused with it).
     "persistent": Knob((False, True), False, ("sm90_fp8",)),
+    # A work tile's first KV tile when every key of its second half is masked for every row (the causal diagonal of
+    # every other m block at tile_m 128 and tile_n 256): "compute" runs FA4's full GEMMs, "skip" the S and P.V GEMMs
+    # over the first half alone (Note [The masked half of the first KV tile], stage/flash_fwd_sm90_fp8.py); two-level
+    # accumulation without intra-warpgroup overlap, tile_n 128, 192 or 256, dense batches.
+    "masked_half": Knob(("compute", "skip"), "compute", ("sm90_fp8",)),
 }
 
 

@@ -202,7 +202,7 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store`, `persistent`
+    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store`, `persistent`, `masked_half`
     (fa4_rowmax/fp8_sm90.py).
     """
 
@@ -223,6 +223,7 @@ class SoftmaxStage:
     scheduler_barrier: bool = STAGE_KNOBS["scheduler_barrier"].default  # Note [Three consumer warpgroups]
     o_store: str = STAGE_KNOBS["o_store"].default  # Note [O's tile without the row-sum columns]
     persistent: bool = STAGE_KNOBS["persistent"].default  # Note [Persistent work tiles]
+    masked_half: str = STAGE_KNOBS["masked_half"].default  # Note [The masked half of the first KV tile]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None
@@ -308,6 +309,22 @@ class SoftmaxStage:
                     "arrive_after_pv=True moves the scheduler hand-over of the step without intra-warpgroup overlap "
                     "(Note [Scheduler window after the P.V GEMM]); accepted: arrive_after_pv=True with "
                     "intra_wg_overlap=False, or arrive_after_pv=False"
+                )
+            if self.masked_half == "skip" and any(features.get(name) is not None for name in FP8_SM90_VARLEN_ARGS):
+                raise ValueError(
+                    "masked_half='skip' is tested on dense batches only (Note [The masked half of the first KV "
+                    "tile]); accepted with cu_seqlens_q/k or seqused_q/k: masked_half='compute'"
+                )
+            if self.masked_half == "skip" and (
+                self.pv_accumulation != "two_level" or self.intra_wg_overlap or (self.tile_n // 2) % 32
+            ):
+                raise ValueError(
+                    "masked_half='skip' runs the first KV tile's GEMMs over its first half in the step without "
+                    "intra-warpgroup overlap, under two-level accumulation, in whole k32 steps of keys (Note [The "
+                    f"masked half of the first KV tile]); got pv_accumulation={self.pv_accumulation!r}, "
+                    f"intra_wg_overlap={self.intra_wg_overlap!r}, tile_n={self.tile_n}. Accepted: masked_half='skip' "
+                    "with pv_accumulation='two_level', intra_wg_overlap=False and tile_n 128, 192 or 256, or "
+                    "masked_half='compute'"
                 )
             if self.tile_m == 192:
                 _check_three_warpgroups(self)

@@ -15,6 +15,8 @@
 #   bash scripts/h200_session.sh counterzero OUT  # the tile counter zeroed by the V^T pre-pass: its GPU tests (the
 #                                                 # persistent grid's bit identity from stale counter memory), then
 #                                                 # the time a call saves (studies.fp8_sm90.counter_zeroing; ~5 min)
+#   bash scripts/h200_session.sh maskedhalf OUT   # the first KV tile's masked half skipped: its GPU tests, then the
+#                                                 # tile_m 128 entries with it beside without it and FA3-FP8, 2K-32K
 #   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
 #                                                 # 128 causal GQA and head dim 64 non-causal, 32K (~4 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
@@ -227,6 +229,15 @@ case "$STEP" in
       v_transpose_prepass" > "$OUT/pytest_counter.log" 2>&1; tail -2 "$OUT/pytest_counter.log"
     timeout 120 python3 -m studies.fp8_sm90.counter_zeroing --json "$OUT/counter_zeroing.json" \
       > "$OUT/counter_zeroing.log" 2>&1; echo "counter_zeroing: exit status $?"; cat "$OUT/counter_zeroing.log" ;;
+  maskedhalf)
+    # issue 22: the first KV tile's GEMMs over its first half where its second is masked for every row (Note [The masked
+    # half of the first KV tile]): its GPU tests (bit identity, the NaN it no longer spreads), then the rows, 2K-32K
+    timeout 200 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "masked_half or skipped_half" \
+      > "$OUT/pytest_masked_half.log" 2>&1; tail -2 "$OUT/pytest_masked_half.log"
+    timeout 380 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 5 --out "$OUT" \
+      --name h200_fp8_masked_half --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 '*_tuned_m128' \
+      '*_tuned_m128_masked_half' fa4_fp8_exact_noexp_defaults > "$OUT/bench.log" 2>&1
+    echo "maskedhalf: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
@@ -307,7 +318,7 @@ case "$STEP" in
     LENGTHS=${LENGTHS:-2048 16384}
     fp8_long_step qwen2.5-1.5b qwen25-15b_austen_fp8_acc 170 130 "2048 24 60" "16384 6 220" "32768 3 280" ;;
   *) echo "h200_session.sh: step must be accuracy, peers, ostore, bench, benchlong, fp8tests, tilemtests, tilem, kvstages, defaults, ncu192, roundrobin, exactbeta, tests, aiter, qualityfp8, qwen05, qwen15k, qwen15c," \
-       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long, qwen15fp8long or persistentdefaults;" \
+       "qwen15s, qwen15long, qwen15xl, qwen15ks, qwen05c, qwen05s, qwen05fp8long, qwen15fp8long, maskedhalf or persistentdefaults;" \
        "got '$STEP'" >&2
      exit 2 ;;
 esac

@@ -53,6 +53,7 @@ _EXPLICIT = dict(
     scheduler_barrier=False,
     o_store="pv_columns",
     persistent=False,
+    masked_half="compute",
 )
 # Three consumer warpgroups (Note [Three consumer warpgroups]) with H15's tuned knobs, the base of several configs.
 _H15_M192 = dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False)
@@ -124,6 +125,14 @@ CONFIGS = {
     ),
     "d64_exact_mma_m192_n160_sb_o_head_dim_persistent": dict(
         _EXACT_M192, head_dim=64, scheduler_barrier=True, o_store="head_dim", persistent=True
+    ),
+    # The first KV tile's masked half skipped (Note [The masked half of the first KV tile]) in the head-dim-128
+    # causal MHA defaults of both modes.
+    "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_masked_half": dict(
+        _H15_N256, o_store="head_dim", persistent=True, masked_half="skip"
+    ),
+    "exact_mma_n256_nooverlap_o_head_dim_persistent_masked_half": dict(
+        _EXACT_N256, o_store="head_dim", persistent=True, masked_half="skip"
     ),
     # O's tile at head_dim + 8 columns on the persistent grid: its region holds the epilogue's overrun.
     "d64_exact_mma_n192_persistent": dict(
@@ -542,3 +551,35 @@ def test_fa4_epilogue_stores_past_an_o_tile_of_an_odd_count_of_8_column_atoms(tm
             assert (max_col, max_offset) == (columns - 1, cosize - 1), columns
         else:
             assert (max_col, max_offset) == (columns + 7, cosize + tile_m * 8 - 1), columns
+
+
+@pytest.mark.parametrize(
+    "name, base",
+    [
+        (
+            "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_masked_half",
+            "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
+        ),
+        (
+            "exact_mma_n256_nooverlap_o_head_dim_persistent_masked_half",
+            "exact_mma_n256_nooverlap_o_head_dim_persistent",
+        ),
+    ],
+)
+def test_the_masked_half_is_skipped_by_half_gemms_on_the_first_tile_alone(compiled, name, base):
+    """Note [The masked half of the first KV tile]: the first KV tile's S GEMM runs as two at N = tile_n/2
+    (head_dim/32 k32 steps each; the second only where the tile does not qualify), its P.V GEMM gains a copy over
+    tile_n/64 k32 steps; the other tiles' GEMMs are the base's, the softmax is not duplicated (its per-element
+    instructions are the base's), nothing spills, the register split is the same, and the wgmmas stay pipelined
+    (ptxas's C7511 serialization puts a WARPGROUP.ARRIVE before every QGMMA)."""
+    kwargs, ops = compiled[name]
+    _, base_ops = compiled[base]
+    tile_n, head_dim = kwargs["tile_n"], kwargs.get("head_dim", 128)
+    s_half, s_full, pv = (f"QGMMA.64x{n}x32.F32.E4M3.E4M3" for n in (tile_n // 2, tile_n, _pv_n(kwargs)))
+    assert ops[s_half] == 2 * (head_dim // 32) and base_ops[s_half] == 0
+    assert base_ops[s_full] - ops[s_full] == head_dim // 32
+    assert ops[pv] - base_ops[pv] == tile_n // 64
+    assert ops[MAIN_LOOP_LOCAL] == 0 and ops[CONSUMER_REGISTERS] == base_ops[CONSUMER_REGISTERS]
+    assert count(ops, "WARPGROUP.ARRIVE") <= count(ops, "QGMMA") // 4
+    for op in ("MUFU.EX2", "FFMA.SAT", "PRMT", "FMNMX.NAN", "F2FP"):
+        assert count(ops, op) == count(base_ops, op), op

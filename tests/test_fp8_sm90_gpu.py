@@ -389,6 +389,72 @@ def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
             assert torch.equal(a.view(view), b.view(view))
 
 
+# Note [The masked half of the first KV tile]: (shape, causal, mode, knobs, descales). Two-level, no intra-warpgroup
+# overlap; the tiles that qualify differ per case: every other m block on the causal diagonal at tile_m 128 / tile_n
+# 256 (the defaults at head dim 128 causal MHA), a third at tile 192, the packed GQA diagonal, keys ending in a
+# tile's first half without a causal mask, rows that see no key, three warpgroups at tile 128.
+MASKED_HALF_CASES = [
+    ((2, 4096, 4096, 16, 16, 128), True, "rowmax_h15", {}, False),
+    ((2, 4096, 4096, 16, 16, 128), True, "exact", {}, True),
+    ((4, 2048, 2048, 16, 4, 128), True, "rowmax_h15", {"tile_m": 128, "tile_n": 256}, True),  # packed GQA diagonal
+    ((3, 1000, 4099, 16, 16, 128), False, "rowmax_h15", {"tile_m": 128, "tile_n": 256}, False),  # 4099 = 16 x 256 + 3
+    ((2, 777, 1531, 8, 2, 128), True, "exact", {"tile_n": 192, "persistent": False}, False),
+    ((1, 1531, 777, 16, 16, 128), True, "rowmax_h15", {"tile_n": 128, "persistent": True}, False),  # rows with no key
+    ((8, 1024, 1024, 16, 16, 64), True, "rowmax_h15", {"tile_n": 256, "intra_wg_overlap": False}, False),
+    ((2, 2048, 2048, 12, 2, 128), True, "exact", {"tile_m": 192, "tile_n": 128}, False),  # three warpgroups
+]
+
+
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.parametrize("shape, causal, mode, knobs, descales", MASKED_HALF_CASES, ids=str)
+def test_skipping_the_masked_half_is_bit_identical(shape, causal, mode, knobs, descales):
+    """Note [The masked half of the first KV tile]: with finite V the skipped GEMM steps would add 0 x V, so out and
+    LSE equal the full tile's bit for bit (a NaN in q included; output memory poisoned with NaN first)."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(hash((shape, causal, mode, "masked_half")) % 2**31, *shape)
+    q[0, shape[1] // 2, 0, 5] = math.nan
+    names = ("q_descale", "k_descale", "v_descale")
+    scales = dict(zip(names, random_descales(3, shape[0], shape[4]))) if descales else {}
+    results = []
+    for masked_half in ("compute", "skip"):
+        poison_allocator()
+        results.append(
+            flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, masked_half=masked_half, **knobs, **scales)
+        )
+    torch.cuda.synchronize()
+    assert torch.isfinite(results[0][0][1:].float()).all()
+    for a, b in zip(*results):
+        view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(a.view(view), b.view(view))
+
+
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.parametrize("mode", ["exact", "rowmax_h15"])
+def test_a_nan_in_the_skipped_half_reaches_no_row(mode):
+    """Note [The masked half of the first KV tile]: causal, tile_m 128, tile_n 256: rows 0-127 see keys 0-127 only, so
+    their first (and only) KV tile's second half is skipped, and a NaN in V at key 200 no longer reaches them through
+    0 x NaN: they equal the output with that key's V zeroed, bit for bit, while the full tile's GEMM (compute) makes
+    them NaN. Rows 200 and after see the key and are NaN either way."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(20261204, 1, 512, 512, 2, 2, 128)
+    v_nan = v.clone()
+    v_nan[0, 200, 0, 7] = math.nan
+    v_zero = v.clone()
+    v_zero[0, 200, 0, 7] = 0
+    knobs = dict(causal=True, softmax_mode=mode, tile_m=128, tile_n=256, intra_wg_overlap=False)
+    skip = flash_attn_fp8_sm90(q, k, v_nan, masked_half="skip", **knobs)[0]
+    compute = flash_attn_fp8_sm90(q, k, v_nan, masked_half="compute", **knobs)[0]
+    clean = flash_attn_fp8_sm90(q, k, v_zero, masked_half="skip", **knobs)[0]
+    torch.cuda.synchronize()
+    assert torch.equal(skip[0, :128, 0].view(torch.int16), clean[0, :128, 0].view(torch.int16))
+    assert torch.isfinite(skip[0, :128, 0].float()).all()
+    assert torch.isnan(compute[0, :128, 0, 7].float()).all()
+    assert torch.isnan(skip[0, 200:, 0, 7].float()).all() and torch.isnan(compute[0, 200:, 0, 7].float()).all()
+    assert torch.isfinite(skip[0, :, 1].float()).all()  # the other head has no NaN
+
+
 def test_dynamic_persistent_scheduler_factory_checks_its_sizes():
     """Note [Dynamic persistent order]: one scheduler class per SM count and consumer thread count (the named
     barriers' size); the counter and two slots per CTA in one int32 tensor."""
@@ -458,6 +524,32 @@ def test_persistent_grid_is_refused_for_varlen():
     cu = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"^persistent=True applies to dense batches.*persistent=False"):
         stage.for_kernel(arch=90, q_dtype=E4M3, features={"cu_seqlens_q": cu, "cu_seqlens_k": cu})
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(pv_accumulation="single", intra_wg_overlap=False, tile_n=256),
+        dict(intra_wg_overlap=True, tile_n=256),
+        dict(intra_wg_overlap=False, tile_n=160),
+        dict(intra_wg_overlap=False, tile_n=224),
+    ],
+    ids=str,
+)
+def test_skipping_the_masked_half_is_refused_where_it_is_not_built(knobs):
+    """Note [The masked half of the first KV tile]: the step without overlap, two-level, whole k32 steps of keys in a
+    half tile, dense batches (the GPU tests' cases); anything else is refused by name, never run with the full tile
+    instead."""
+    from fa4_rowmax.interface import softmax_stage
+
+    for tile_n in (128, 192, 256):
+        accepted = softmax_stage("rowmax_h15", masked_half="skip", intra_wg_overlap=False, tile_n=tile_n)
+        assert accepted.for_kernel(arch=90, q_dtype=E4M3).masked_half == "skip"
+    with pytest.raises(ValueError, match=r"^masked_half='skip' runs the first KV tile.*masked_half='compute'"):
+        softmax_stage("rowmax_h15", masked_half="skip", **knobs).for_kernel(arch=90, q_dtype=E4M3)
+    cu = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^masked_half='skip' is tested on dense batches only.*'compute'"):
+        accepted.for_kernel(arch=90, q_dtype=E4M3, features={"cu_seqlens_q": cu, "cu_seqlens_k": cu})
 
 
 @pytest.mark.gpu(arch="sm90")

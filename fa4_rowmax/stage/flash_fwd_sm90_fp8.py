@@ -131,6 +131,28 @@ tile number is past the last). On the H200 (bench/results/h200_2026-12-04_s19/, 
 grid 2-4 % faster at head dim 128 causal from 2K to 16K and 0-3 % elsewhere (more at short rows), the outputs bit
 for bit FA4's grid's (the GPU tests with one KV tile per work tile, the shortest window).
 
+Note [The masked half of the first KV tile]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A work tile's first KV tile (FA4 walks n blocks down from n_block_max - 1) is where its last visible key falls:
+the causal diagonal, or the end of seqlen_k. When that key falls in the tile's first half, every key of the second
+half is masked for every row of the tile: with tile_m 128 and tile_n 256 under a causal mask that is every other
+m block, a quarter of a tile's GEMM work that FA4 computes and then masks away (3.1 % of all the GEMM work at 8K
+causal against 1.6 % with tiles of 128 keys; 12 % against 6 % at 2K). With masked_half="skip" (two-level
+accumulation without intra-warpgroup overlap, tile_n/2 a multiple of 32) `mma_one_n_block` runs the first KV
+tile's S GEMM as two at N = tile_n/2, the second (keys tile_n/2 on) only where the tile does not qualify, and its
+P.V GEMM over the first tile_n/2 keys where it does. The S halves are views of one S accumulator: a wgmma's
+accumulator registers at a narrower N are the first ones of the wider (columns in groups of 8, the group the
+slowest index), so the halves are its first and second halves. The skipped half is set to -inf once its GEMM is
+done, and FA4's mask writes -inf there as over computed values (a select, not an add), so the softmax, its row max
+and row sum see what they saw; the P bytes there are 0, so the P.V k-steps skipped would have added 0 x V: O is bit
+for bit FA4's where V is finite. A NaN or Inf in V's keys of the skipped half (keys no row of the tile sees) no
+longer reaches the tile's rows through 0 x Inf, as it does through FA4's full GEMM. Which tiles qualify is FA4's own
+geometry: `BlockInfo` at tile_n/2 (causal offset, pack_gqa, seqlen_k) gives an odd n_block_max exactly when the last
+visible key is in a first half. `mma` partitions both halves of K's shared buffer with the half-N tiled MMA, where
+FA4 has them, for `mma_one_n_block`. ptxas keeps the wgmmas pipelined only if each branch waits for what it issued
+and the S accumulator is written by the same wgmmas on both paths (a full-N GEMM in one branch and a half-N one in
+the other, on one accumulator, serialized every wgmma of the kernel: C7511, "insufficient register resources").
+
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A varlen V^T holds sequence b's keys from FA4's padded offset `padded_offset_k` with the kernel's tile_n, not
@@ -193,20 +215,68 @@ class SeqlenInfoQKVt(SeqlenInfoQK):
         return super().offset_batch_K(mK, batch_idx, dim, padded=padded, ragged=ragged, multiple=multiple)
 
 
-def pv_gemm_fresh(mma_pv_fn: partial, B_idx: Int32, wg_wait: int) -> cute.Tensor:
-    """FA4's PV GEMM into a fresh accumulator of O's layout (zero_init: scale-d 0 on the first k32 step), returned.
+@cute.jit
+def gemm_k_blocks(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor, k_blocks: cutlass.Constexpr[int]
+):
+    """quack's `sm90_utils.gemm` (zero_init, no wait) over the first `k_blocks` k32 steps of tCrA/tCrB instead of all:
+    Note [The masked half of the first KV tile]."""
+    warpgroup.fence()
+    mma_atom = cute.make_mma_atom(tiled_mma.op)
+    mma_atom.set(warpgroup.Field.ACCUMULATE, False)
+    for k in cutlass.range_constexpr(k_blocks):
+        cute.gemm(mma_atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        mma_atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
 
-    `mma_pv_fn` is FA4's `partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt)` (its `mma`), possibly
-    wrapped in another partial that sets zero_init; the seam checks that shape at trace time."""
+
+def pv_gemm_operands(mma_pv_fn: partial) -> tuple:
+    """(tiled_mma_pv, acc_O, tOrP, tOrVt) of FA4's `mma_pv_fn`, `partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O,
+    tOrP, tOrVt)` (its `mma`), possibly wrapped in another partial that sets zero_init; checked at trace time."""
     if mma_pv_fn.func is not sm90_utils.gemm_w_idx or len(mma_pv_fn.args) != 4:
         raise TypeError(
             "FA4's mma_pv_fn is no longer partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt): the "
             "two-level accumulation seam (Note [Two-level P.V accumulation]) must be ported"
         )
-    tiled_mma_pv, acc_O, tOrP, tOrVt = mma_pv_fn.args
+    return mma_pv_fn.args
+
+
+def qk_gemm_operands(mma_qk_fn: partial) -> tuple:
+    """(tiled_mma_qk, tSrQ, tSrK) of FA4's `mma_qk_fn`, `partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (tile_m,
+    tile_n), tSrQ, tSrK)`; checked at trace time."""
+    if mma_qk_fn.func is not sm90_utils.gemm_zero_init or len(mma_qk_fn.args) != 4:
+        raise TypeError(
+            "FA4's mma_qk_fn is no longer partial(sm90_utils.gemm_zero_init, tiled_mma_qk, shape, tSrQ, tSrK): the "
+            "seam of Note [The masked half of the first KV tile] must be ported"
+        )
+    tiled_mma_qk, _, tSrQ, tSrK = mma_qk_fn.args
+    return tiled_mma_qk, tSrQ, tSrK
+
+
+def pv_gemm_fresh(mma_pv_fn: partial, B_idx: Int32, wg_wait: int) -> cute.Tensor:
+    """FA4's PV GEMM into a fresh accumulator of O's layout (zero_init: scale-d 0 on the first k32 step), returned."""
+    tiled_mma_pv, acc_O, tOrP, tOrVt = pv_gemm_operands(mma_pv_fn)
     acc_PV = cute.make_rmem_tensor_like(acc_O, Float32)
     sm90_utils.gemm_w_idx(tiled_mma_pv, acc_PV, tOrP, tOrVt, zero_init=True, B_idx=B_idx, wg_wait=wg_wait)
     return acc_PV
+
+
+@dataclass
+class FirstTileHalf:
+    """What `mma_one_n_block` needs for Note [The masked half of the first KV tile]: FA4's `BlockInfo` at tile_n/2,
+    the half-N tiled MMA and its Q and K fragments (the first tile_n/2 rows of each K stage)."""
+
+    block_info: object
+    tiled_mma_qk: cute.TiledMma
+    tSrQ: cute.Tensor
+    tSrK: cute.Tensor
+    tSrK_upper: cute.Tensor
+
+    def qualifies(self, seqlen: SeqlenInfoQK, m_block: Int32):
+        """Whether the work tile's last visible key is in its first KV tile's first half: an odd n_block_max at
+        tile_n/2."""
+        _, n_half_max = self.block_info.get_n_block_min_max(seqlen, m_block)
+        return n_half_max % 2 == 1
 
 
 class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
@@ -266,6 +336,12 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # work tile.
         self.persistent_ctas = persistent_ctas
         assert (persistent_ctas > 0) == stage.persistent, "persistent_ctas is the SM count exactly when persistent"
+        # Note [The masked half of the first KV tile]: set by `mma` when stage.masked_half == "skip".
+        self.skip_masked_half = stage.masked_half == "skip"
+        assert not self.skip_masked_half or (
+            self.two_level and not stage.intra_wg_overlap and (tile_n // 2) % 32 == 0
+        ), "masked_half='skip' needs two-level accumulation, intra_wg_overlap=False and tile_n/2 a multiple of 32"
+        self.first_tile_half: Optional[FirstTileHalf] = None
 
     def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
         if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
@@ -288,16 +364,20 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         return atom, atom, atom, atom, None
 
     def _get_tiled_mma(self):
-        tiled_mma_qk = sm90_utils_basic.make_trivial_tiled_mma(
+        return self._tiled_mma_qk(self.tile_n), self._tiled_mma_pv(self.tile_hdimv)
+
+    def _tiled_mma_qk(self, keys: int):
+        """The S GEMM's tiled MMA over `keys` of a KV tile (tile_n; half of it for Note [The masked half of the first
+        KV tile])."""
+        return sm90_utils_basic.make_trivial_tiled_mma(
             self.operand_dtype,
             self.operand_dtype,
             warpgroup.OperandMajorMode.K,
             warpgroup.OperandMajorMode.K,
             Float32,
             atom_layout_mnk=(self.tile_m // 64, 1, 1),
-            tiler_mn=(64, self.tile_n),
+            tiler_mn=(64, keys),
         )
-        return tiled_mma_qk, self._tiled_mma_pv(self.tile_hdimv)
 
     def o_store_columns(self) -> int:
         return self.tile_hdimv if self.o_columns is None else self.o_columns
@@ -599,6 +679,30 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             softmax.rescale_O(acc_O, row_scale)
         return smem_pipe_read
 
+    def mma(self, tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, *args):
+        """FA4's `mma`; with masked_half="skip", first the half-N S GEMM's tiled MMA and fragments over the first
+        tile_n/2 rows of each K stage, for `mma_one_n_block` (Note [The masked half of the first KV tile])."""
+        if const_expr(self.skip_masked_half):
+            (_, _, _, _, _, _, tidx, _, _, block_info) = args[:10]
+            tiled_mma_half = self._tiled_mma_qk(self.tile_n // 2)
+            warp_group_idx = cute.arch.make_warp_uniform(tidx // self.num_threads_per_warp_group)
+            warp_group_thread_layout = cute.make_layout(self.num_wg_mma, stride=self.num_threads_per_warp_group)
+            wg_mma_half = tiled_mma_half.get_slice(warp_group_thread_layout(warp_group_idx))
+            halves = [
+                cute.local_tile(sK, (self.tile_n // 2, self.tile_hdim, cute.size(sK.shape[2])), (i, 0, 0))
+                for i in (0, 1)
+            ]
+            _, tSrQ, tSrK = sm90_utils.partition_fragment_ABC(
+                wg_mma_half, (self.tile_m, self.tile_n // 2, self.tile_hdim), sQ, halves[0]
+            )
+            _, _, tSrK_upper = sm90_utils.partition_fragment_ABC(
+                wg_mma_half, (self.tile_m, self.tile_n // 2, self.tile_hdim), sQ, halves[1]
+            )
+            self.first_tile_half = FirstTileHalf(
+                replace(block_info, tile_n=self.tile_n // 2), tiled_mma_half, tSrQ, tSrK, tSrK_upper
+            )
+        return super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, *args)
+
     @cute.jit
     def arrive_after_pv_gemm(self, n_block: Int32):
         """Note [Scheduler window after the P.V GEMM]: hand the tensor cores over once this tile's P V is done,
@@ -634,10 +738,42 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         if const_expr(is_first_n_block and softmax.has_descale):
             self.load_tile_descale(softmax, mask_fn)
         pipeline_k.consumer_wait(smem_pipe_read, pipeline_k.consumer_try_wait(smem_pipe_read))
-        acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
-        if const_expr(not self.arrive_after_pv or is_first_n_block):
-            self.warp_scheduler_barrier_arrive()
-        warpgroup.wait_group(0)
+        skip_half = const_expr(is_first_n_block and self.first_tile_half is not None)
+        if const_expr(skip_half):
+            # Note [The masked half of the first KV tile]. Each branch issues, hands over and waits for its own GEMM:
+            # a wgmma issued in one branch and waited for after the branches merge is an ill-formed pipeline stage to
+            # ptxas, which then serializes every wgmma of the kernel.
+            first_half = self.first_tile_half.qualifies(seqlen, mask_fn.keywords["m_block"])
+            tiled_mma_qk, tSrQ, tSrK = qk_gemm_operands(mma_qk_fn)
+            acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+            half = self.first_tile_half
+            half_layout = cute.make_layout(half.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n // 2)))
+            acc_S_lower = cute.make_tensor(acc_S.iterator, half_layout)
+            acc_S_upper = cute.make_tensor(acc_S.iterator + cute.size(half_layout), half_layout)
+            k_steps = cute.size(half.tSrQ.shape[2])
+            gemm_k_blocks(
+                half.tiled_mma_qk, acc_S_lower, half.tSrQ, half.tSrK[None, None, None, smem_pipe_read.index], k_steps
+            )
+            if first_half:
+                self.warp_scheduler_barrier_arrive()
+                warpgroup.wait_group(0)
+                for i in cutlass.range_constexpr(cute.size(acc_S_upper)):
+                    acc_S_upper[i] = -Float32.inf
+            else:
+                gemm_k_blocks(
+                    half.tiled_mma_qk,
+                    acc_S_upper,
+                    half.tSrQ,
+                    half.tSrK_upper[None, None, None, smem_pipe_read.index],
+                    k_steps,
+                )
+                self.warp_scheduler_barrier_arrive()
+                warpgroup.wait_group(0)
+        else:
+            acc_S = mma_qk_fn(B_idx=smem_pipe_read.index, wg_wait=-1)
+            if const_expr(not self.arrive_after_pv or is_first_n_block):
+                self.warp_scheduler_barrier_arrive()
+            warpgroup.wait_group(0)
         pipeline_k.consumer_release(smem_pipe_read)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S=acc_S, n_block=n_block)
@@ -647,7 +783,22 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             softmax.rescale_O(acc_O, row_scale)
         pipeline_v.consumer_wait(smem_pipe_read, pipeline_v.consumer_try_wait(smem_pipe_read))
         self.warp_scheduler_barrier_sync()
-        if const_expr(self.two_level):
+        if const_expr(skip_half):
+            tiled_mma_pv, _, tOrP_pv, tOrVt = pv_gemm_operands(mma_pv_fn)
+            acc_PV = cute.make_rmem_tensor_like(acc_O, Float32)
+            k_blocks = cute.size(tOrP_pv.shape[2])
+            if first_half:
+                gemm_k_blocks(
+                    tiled_mma_pv, acc_PV, tOrP_pv, tOrVt[None, None, None, smem_pipe_read.index], k_blocks // 2
+                )
+                warpgroup.wait_group(0)
+            else:
+                gemm_k_blocks(tiled_mma_pv, acc_PV, tOrP_pv, tOrVt[None, None, None, smem_pipe_read.index], k_blocks)
+                warpgroup.wait_group(0)
+            self.arrive_after_pv_gemm(n_block)
+            acc_O.fill(0.0)
+            softmax.promote_O(acc_O, acc_PV, row_scale)
+        elif const_expr(self.two_level):
             acc_PV = pv_gemm_fresh(mma_pv_fn, B_idx=smem_pipe_read.index, wg_wait=0)
             self.arrive_after_pv_gemm(n_block)
             if const_expr(is_first_n_block):
