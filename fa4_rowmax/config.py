@@ -151,6 +151,12 @@ STAGE_KNOBS = {
     # per work tile, so that the next tile's loads run under this tile's last GEMM and epilogue (Note [Persistent
     # work tiles], stage/flash_fwd_sm90_fp8.py). Varlen calls keep FA4's varlen scheduler (refused with it).
     "persistent": Knob((False, True), False, ("sm90_fp8",)),
+    # Where a work tile ends on the persistent grid: "shared" is FA4's (every consumer warpgroup meets at the
+    # epilogue's barrier and the next tile's slot, one TMA store of O's tile, Q released after the last P.V GEMM),
+    # "own" each warpgroup alone (Q released after its last S GEMM, its rows of O stored by its own threads, its own
+    # slot barrier). Values are the same; Note [Each warpgroup's own tile boundary], stage/flash_fwd_sm90_fp8.py.
+    # "own" needs persistent=True, intra_wg_overlap=False, O at head_dim columns and no packed GQA.
+    "warpgroup_epilogue": Knob(("shared", "own"), "shared", ("sm90_fp8",)),
 }
 
 

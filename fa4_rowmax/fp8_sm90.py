@@ -693,6 +693,13 @@ def _forward(
         seqused_k=seqused_k is not None,
         persistent_ctas=_sm_count(q.device, is_fake_mode()) if stage.persistent else 0,
     )
+    if stage.warpgroup_epilogue == "own" and config.pack_gqa:
+        raise ValueError(
+            "warpgroup_epilogue='own' stores each warpgroup's rows of O unpacked (Note [Each warpgroup's own tile "
+            f"boundary]); got {heads_q} q heads over {heads_kv} kv heads, which tile_m={stage.tile_m} packs (Note "
+            "[GQA packing on FP8]). Accepted: warpgroup_epilogue='own' with heads_q == heads_kv or a ratio that does "
+            "not divide tile_m, or warpgroup_epilogue='shared'"
+        )
     tile_n = stage.tile_n
     index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     fake = is_fake_mode()
