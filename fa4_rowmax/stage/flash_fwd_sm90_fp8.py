@@ -141,9 +141,11 @@ by TMA, and on the persistent grid every consumer thread takes the next tile's n
 [Dynamic persistent order]). FA4's ping-pong keeps the two warpgroups half a block apart (each one's softmax under
 the other's GEMMs), so at each boundary the leading warpgroup waits for the other, and the next tile restarts the
 ping-pong from both at once: their first S GEMMs back to back, then the tensor cores idle under the first softmax.
-In Nsight Compute (bench/results/h200_2026-12-03_s13/ncu_m192/, H15 at two warpgroups, 8K non-causal, tile 256,
-FA4's grid) a warp waits ~320 cycles a work tile at the epilogue's barrier and the first block's two GEMM waits
-take ~1,200 cycles more than a main-loop block's (studies/fp8_sm90/tile_boundary.py).
+In Nsight Compute (H15 at two warpgroups, 8K non-causal, tile 256, FA4's grid; the eleventh and thirteenth
+sessions' reports, studies/fp8_sm90/tile_boundary.py) a consumer warp spends ~1,000 cycles a work tile waiting at
+barriers outside its wgmma waits (the epilogue's, Q's, the first scheduler hand-over) and its first block's wgmma
+waits take ~850 cycles more than a main-loop block's: ~1,800 cycles, 1.6 % of a work tile of 31 blocks, twice that
+share at 8K causal, where a work tile holds half as many.
 With warpgroup_epilogue="own" (the persistent grid, no intra-warpgroup overlap, no packed GQA, O's tile at head_dim
 columns) each warpgroup crosses the boundary alone:
 - it releases Q right after its last S GEMM (n block 0 is the last FA4 walks: no local window, no KV split); the
