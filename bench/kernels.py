@@ -228,6 +228,22 @@ FP8_MASKED_HALF = {
     for name, knobs in FP8_TUNED_TILE_M.items()
     if knobs["tile_m"] == 128
 }
+# Each warpgroup's own tile boundary (`warpgroup_epilogue="own"`, Note [Each warpgroup's own tile boundary]) beside
+# FA4's shared one, both on the persistent grid without overlap at each tiling's tuned entry; opt-in rows (`--kernels
+# '*_boundary'`). Unpacked heads only: the benchmark's GQA 16/4 packs at both tile_m, so its "own" rows report the
+# refusal.
+FP8_WARPGROUP_EPILOGUE = {
+    f"fa4_fp8_{name}_m{tile_m}_{boundary}_boundary": {
+        "softmax_mode": mode,
+        "tile_m": tile_m,
+        "persistent": True,
+        "intra_wg_overlap": False,
+        "warpgroup_epilogue": boundary,
+    }
+    for name, mode in (("exact", "exact"), ("h15", "rowmax_h15"))
+    for tile_m in (128, 192)  # fa4_rowmax.config.FP8_TILE_MS
+    for boundary in ("shared", "own")
+}
 # The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
 FP8_PROBE_M192 = {
     "softmax_mode": "exact",
@@ -1042,6 +1058,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += list(FP8_O_STORE.items())
     variants += list(FP8_TUNED_TILE_M.items())
     variants += list(FP8_MASKED_HALF.items())
+    variants += list(FP8_WARPGROUP_EPILOGUE.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(

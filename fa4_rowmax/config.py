@@ -156,6 +156,12 @@ STAGE_KNOBS = {
     # over the first half alone (Note [The masked half of the first KV tile], stage/flash_fwd_sm90_fp8.py); two-level
     # accumulation without intra-warpgroup overlap, tile_n 128, 192 or 256, dense batches.
     "masked_half": Knob(("compute", "skip"), "compute", ("sm90_fp8",)),
+    # Where a work tile ends on the persistent grid: "shared" is FA4's (every consumer warpgroup meets at the
+    # epilogue's barrier and the next tile's slot, one TMA store of O's tile, Q released after the last P.V GEMM),
+    # "own" each warpgroup alone (Q released after its last S GEMM, its rows of O stored by its own threads, its own
+    # slot barrier). Values are the same; Note [Each warpgroup's own tile boundary], stage/flash_fwd_sm90_fp8.py.
+    # "own" needs persistent=True, intra_wg_overlap=False, O at head_dim columns and no packed GQA.
+    "warpgroup_epilogue": Knob(("shared", "own"), "shared", ("sm90_fp8",)),
 }
 
 

@@ -71,11 +71,14 @@ class KernelConfig:
 
     @property
     def pack_gqa(self) -> bool:
-        # Note [GQA packing on FP8]: the Q heads of one KV head share its K/V tiles in one Q tile (tile_m rows) when
-        # the ratio divides tile_m (FA4 then loads the packed Q by TMA); other ratios (Qwen2.5's 7; its 6 at
-        # tile_m 128) run one Q head per work tile, K/V head = Q head // ratio, as FA4 does without packing.
-        # Values are the same.
-        return self.qhead_per_kvhead > 1 and self.tile_m % self.qhead_per_kvhead == 0
+        return packs_gqa(self.qhead_per_kvhead, self.tile_m)
+
+
+def packs_gqa(qhead_per_kvhead: int, tile_m: int) -> bool:
+    """Note [GQA packing on FP8]: the Q heads of one KV head share its K/V tiles in one Q tile (tile_m rows) when the
+    ratio divides tile_m (FA4 then loads the packed Q by TMA); other ratios (Qwen2.5's 7; its 6 at tile_m 128) run one
+    Q head per work tile, K/V head = Q head // ratio, as FA4 does without packing. Values are the same."""
+    return qhead_per_kvhead > 1 and tile_m % qhead_per_kvhead == 0
 
 
 # Note [Tuned defaults]
@@ -663,6 +666,13 @@ def _forward(
         stage = replace(stage, persistent=False)
     stage = stage.for_kernel(arch=90, q_dtype=q.dtype, features=features)
     check_shared_memory(stage, head_dim)
+    if stage.warpgroup_epilogue == "own" and packs_gqa(heads_q // heads_kv, stage.tile_m):
+        raise ValueError(
+            "warpgroup_epilogue='own' stores each warpgroup's rows of O unpacked (Note [Each warpgroup's own tile "
+            f"boundary]); got {heads_q} q heads over {heads_kv} kv heads, which tile_m={stage.tile_m} packs (Note "
+            "[GQA packing on FP8]). Accepted: warpgroup_epilogue='own' with heads_q == heads_kv or a ratio that does "
+            "not divide tile_m, or warpgroup_epilogue='shared'"
+        )
     if stage.row_sum == "mma" and stage.pv_accumulation == "single" and total_k > MMA_ROW_SUM_MAX_KEYS:
         what = "total_k (varlen: the bound on every sequence's keys)" if varlen else "seqlen_k"
         raise ValueError(

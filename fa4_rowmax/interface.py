@@ -202,8 +202,8 @@ class SoftmaxStage:
     one FFMA on an anchor rounded to a half octave (this changes values; the reference takes
     `SoftmaxConfig(anchor_rounding="half_octave")`); `rescale_vote=True` skips the O rescale when no row of a warp
     moved its anchor (changes instructions, never values). SM90 FP8 forward only: `row_sum`, `clamp`,
-    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store`, `persistent`, `masked_half`
-    (fa4_rowmax/fp8_sm90.py).
+    `exp2_deleted`, `tile_n`, `tile_m`, `kv_stages`, `scheduler_barrier`, `o_store`, `persistent`, `masked_half`,
+    `warpgroup_epilogue` (fa4_rowmax/fp8_sm90.py).
     """
 
     mode: str = "exact"
@@ -224,6 +224,7 @@ class SoftmaxStage:
     o_store: str = STAGE_KNOBS["o_store"].default  # Note [O's tile without the row-sum columns]
     persistent: bool = STAGE_KNOBS["persistent"].default  # Note [Persistent work tiles]
     masked_half: str = STAGE_KNOBS["masked_half"].default  # Note [The masked half of the first KV tile]
+    warpgroup_epilogue: str = STAGE_KNOBS["warpgroup_epilogue"].default  # Note [Each warpgroup's own tile boundary]
     # Resolved by for_kernel:
     arch: Optional[int] = None
     q_dtype: Optional[torch.dtype] = None
@@ -303,6 +304,18 @@ class SoftmaxStage:
                 raise ValueError(
                     "persistent=True applies to dense batches (Note [Persistent work tiles]): a varlen call runs "
                     "FA4's varlen scheduler; accepted with cu_seqlens_q/k or seqused_q/k: persistent=False"
+                )
+            o_at_head_dim = self.o_store == "head_dim" or self.row_sum == "fadd"
+            if self.warpgroup_epilogue == "own" and not (
+                self.persistent and not self.intra_wg_overlap and o_at_head_dim
+            ):
+                raise ValueError(
+                    "warpgroup_epilogue='own' lets each consumer warpgroup end its work tiles alone on the persistent "
+                    "grid, in the step without intra-warpgroup overlap, storing O's head_dim columns (Note [Each "
+                    f"warpgroup's own tile boundary]); got persistent={self.persistent!r}, "
+                    f"intra_wg_overlap={self.intra_wg_overlap!r}, o_store={self.o_store!r} with "
+                    f"row_sum={self.row_sum!r}. Accepted: warpgroup_epilogue='own' with persistent=True, "
+                    "intra_wg_overlap=False and o_store='head_dim' (or row_sum='fadd'), or warpgroup_epilogue='shared'"
                 )
             if self.arrive_after_pv and self.intra_wg_overlap:
                 raise ValueError(

@@ -17,6 +17,8 @@
 #                                                 # the time a call saves (studies.fp8_sm90.counter_zeroing; ~5 min)
 #   bash scripts/h200_session.sh maskedhalf OUT   # the first KV tile's masked half skipped: its GPU tests, then the
 #                                                 # tile_m 128 entries with it beside without it and FA3-FP8, 2K-32K
+#   bash scripts/h200_session.sh wgepilogue OUT   # each warpgroup's own tile boundary: its GPU tests, then the rows
+#                                                 # beside the shared boundary, 2K-16K, with FA3-FP8 (~9 minutes)
 #   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
 #                                                 # 128 causal GQA and head dim 64 non-causal, 32K (~4 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
@@ -238,6 +240,14 @@ case "$STEP" in
       --name h200_fp8_masked_half --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 '*_tuned_m128' \
       '*_tuned_m128_masked_half' fa4_fp8_exact_noexp_defaults > "$OUT/bench.log" 2>&1
     echo "maskedhalf: exit status $?"; tail -3 "$OUT/bench.log" ;;
+  wgepilogue)
+    # issue 22: Note [Each warpgroup's own tile boundary] (warpgroup_epilogue="own")
+    timeout 200 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "own_tile_boundary" \
+      > "$OUT/pytest_wg_epilogue.log" 2>&1; tail -2 "$OUT/pytest_wg_epilogue.log"
+    timeout 380 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K --rounds 5 --max-minutes 6 --out "$OUT" \
+      --name h200_fp8_wg_epilogue --kernels fa3_fp8 fa4_fp8_func_h15 fa4_fp8_func_exact '*_boundary' \
+      > "$OUT/bench.log" 2>&1
+    echo "wgepilogue: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;

@@ -134,6 +134,17 @@ CONFIGS = {
     "exact_mma_n256_nooverlap_o_head_dim_persistent_masked_half": dict(
         _EXACT_N256, o_store="head_dim", persistent=True, masked_half="skip"
     ),
+    # Each warpgroup's own tile boundary (Note [Each warpgroup's own tile boundary]) at the persistent defaults of two
+    # and three warpgroups; the causal three-warpgroup one holds the most code live at 160 registers.
+    "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own": dict(
+        _H15_N256, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
+    ),
+    "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent_own": dict(
+        _H15_M192, causal=False, tile_n=160, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
+    ),
+    "exact_mma_m192_n160_o_head_dim_persistent_own": dict(
+        _EXACT_M192, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
+    ),
     # O's tile at head_dim + 8 columns on the persistent grid: its region holds the epilogue's overrun.
     "d64_exact_mma_n192_persistent": dict(
         head_dim=64, softmax_mode="exact", tile_n=192, row_sum="mma", intra_wg_overlap=False, persistent=True
@@ -155,6 +166,12 @@ SHARED_STORAGE = "shared storage bytes"
 # them, and those right after the store's flush (Note [O store wait on the persistent grid]).
 O_STORE_WAITS = "O store waits"
 O_STORE_WAITS_AT_STORE = "O store waits right after the store"
+# And the named barriers by their thread count: "BAR.SYNC 0x80" counts BAR.SYNC instructions for 128 threads.
+BAR_THREADS = "BAR.{} {:#x}"
+# And the PRMTs that move bytes between registers (H15's pack, the P operand's order), not those that sign- or
+# zero-extend one byte or half (selectors 0x7710, 0x8880, 0x9910: integer index arithmetic).
+PRMT_MOVES = "PRMT moving bytes"
+_PRMT_EXTENDS = {"0x7710", "0x8880", "0x9910"}
 
 
 def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
@@ -172,6 +189,11 @@ def _compile(name: str, kwargs: dict, workdir: Path, site: Path) -> Counter:
     waits = ["DEPBAR.LE SB0" in ins for ins in instructions]
     ops[O_STORE_WAITS] = sum(waits)
     ops[O_STORE_WAITS_AT_STORE] = sum(waits[i + 1] for i, op in enumerate(opcodes) if op == "UTMACMDFLUSH")
+    for ins in instructions:
+        op, operands = split_instruction(ins)
+        ops[PRMT_MOVES] += op == "PRMT" and operands[2] not in _PRMT_EXTENDS
+        if op.startswith(("BAR.SYNC", "BAR.ARV")) and len(operands) == 2:
+            ops[BAR_THREADS.format(op.split(".")[1], int(operands[1], 16))] += 1
     pv_gemm = f"QGMMA.64x{_o_per_thread(kwargs) * 2}x32."
     events = [op for op in opcodes if op.startswith("QGMMA") or op == "BAR.ARV"]
     ops[PV_THEN_ARRIVE] = sum(
@@ -583,3 +605,35 @@ def test_the_masked_half_is_skipped_by_half_gemms_on_the_first_tile_alone(compil
     assert count(ops, "WARPGROUP.ARRIVE") <= count(ops, "QGMMA") // 4
     for op in ("MUFU.EX2", "FFMA.SAT", "PRMT", "FMNMX.NAN", "F2FP"):
         assert count(ops, op) == count(base_ops, op), op
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n in CONFIGS if n.endswith("_persistent_own")), ids=lambda n: n.removesuffix("_own")
+)
+def test_each_warpgroup_ends_its_tiles_alone(compiled, name):
+    """Note [Each warpgroup's own tile boundary] beside the same configuration with FA4's shared boundary: the same
+    GEMMs and per-element code; no TMA store and no barrier of every consumer thread (FA4's epilogue barrier, the
+    shared slot barrier: 32 + 128 x warpgroups threads); instead each warpgroup's two epilogue barriers and its slot
+    barrier (128 and 160 threads), the producer arriving at each warpgroup's; O's 64 rows x 128 columns of BF16 stored
+    by 128 threads in 16-byte pieces (8 a thread); Q released in each of the tile's block steps (one, causal: the
+    first, the masked and the unmasked loop) in place of FA4's one release after the loop; no more local memory in
+    the main loop than the shared boundary's bound."""
+    kwargs, ops = compiled[name]
+    _, base = compiled[name.removesuffix("_own")]
+    warpgroups = kwargs["tile_m"] // 64
+    shared_threads = 32 + 128 * warpgroups
+    for op in ("QGMMA", "FFMA", "FFMA.SAT", "MUFU.EX2", "ATOMG"):
+        assert count(ops, op) == count(base, op), (op, count(ops, op), count(base, op))
+    assert ops[PRMT_MOVES] == base[PRMT_MOVES]
+    assert count(base, "UTMASTG") > 0 and count(ops, "UTMASTG") == 0
+    assert base[BAR_THREADS.format("SYNC", shared_threads)] > 0 and base[BAR_THREADS.format("ARV", shared_threads)] > 0
+    assert ops[BAR_THREADS.format("SYNC", shared_threads)] == ops[BAR_THREADS.format("ARV", shared_threads)] == 0
+    # FA4's epilogue barrier counts every consumer thread, as two warpgroups' scheduler barriers do
+    consumers = 128 * warpgroups
+    assert ops[BAR_THREADS.format("SYNC", consumers)] == base[BAR_THREADS.format("SYNC", consumers)] - 1
+    assert ops[BAR_THREADS.format("SYNC", 128)] == 2 and ops[BAR_THREADS.format("SYNC", 160)] == 1
+    assert ops[BAR_THREADS.format("ARV", 160)] == warpgroups
+    assert (count(ops, "STG.E.128"), count(ops, "LDS.128")) == (64 * 128 * 2 // (128 * 16),) * 2
+    steps = 3 if kwargs.get("causal", True) else 2
+    assert count(ops, "SYNCS.ARRIVE") - count(base, "SYNCS.ARRIVE") == steps - 1
+    assert ops[MAIN_LOOP_LOCAL] <= MAIN_LOOP_LOCAL_BOUND.get(name.removesuffix("_own"), 0), ops[MAIN_LOOP_LOCAL]

@@ -455,6 +455,54 @@ def test_a_nan_in_the_skipped_half_reaches_no_row(mode):
     assert torch.isfinite(skip[0, :, 1].float()).all()  # the other head has no NaN
 
 
+# Note [Each warpgroup's own tile boundary]: (shape, causal, mode, knobs, descales); every case on the persistent grid,
+# unpacked (MHA, or a head ratio tile_m does not divide).
+OWN_BOUNDARY = dict(warpgroup_epilogue="own", persistent=True, intra_wg_overlap=False)
+OWN_BOUNDARY_CASES = [
+    ((2, 4096, 4096, 16, 16, 128), True, "rowmax_h15", {}, False),  # the defaults: two warpgroups, tile 256
+    ((2, 4096, 4096, 16, 16, 128), True, "exact", {}, True),  # descales
+    ((3, 1000, 4099, 16, 16, 128), False, "rowmax_h15", {}, False),  # three warpgroups; the last m block's warpgroups
+    ((3, 1000, 4099, 16, 16, 128), False, "exact", {"tile_m": 128}, False),  # hold 40, 0 and 0 rows (tile_m 192)
+    ((1, 1531, 777, 16, 16, 128), True, "exact", {"pv_accumulation": "single"}, False),  # rows with no key: n block -1
+    ((8, 1024, 1024, 14, 2, 64), True, "rowmax_h15", {"tile_n": 192}, False),  # head dim 64, GQA 7 unpacked
+    ((8, 1024, 1024, 16, 16, 64), False, "exact", {}, False),  # head dim 64: the round-robin scheduler barrier
+    ((1, 100, 300, 1, 1, 128), False, "rowmax_h15", {}, False),  # one work tile: a grid of one CTA
+    ((64, 512, 64, 16, 16, 128), False, "rowmax_h15", {}, False),  # one KV tile a work tile: Q released by the first
+    ((64, 512, 64, 16, 16, 128), True, "exact", {"tile_m": 128}, False),  # block, which is also the last
+]
+
+
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.parametrize("shape, causal, mode, knobs, descales", OWN_BOUNDARY_CASES, ids=str)
+def test_each_warpgroups_own_tile_boundary_is_bit_identical(shape, causal, mode, knobs, descales):
+    """Note [Each warpgroup's own tile boundary] changes who stores O and when Q is released, never what a work tile
+    computes: out and LSE equal the shared boundary's on the same persistent grid bit for bit (a NaN in q included;
+    output memory poisoned with NaN first; two runs, the order in which CTAs take tiles changing between runs). A
+    row stored twice or never, a Q overwritten under a warpgroup's last S GEMM, or a tile number read from the
+    wrong slot would show."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(hash((shape, causal, mode, "own boundary")) % 2**31, *shape)
+    q[0, shape[1] // 2, 0, 5] = math.nan
+    names = ("q_descale", "k_descale", "v_descale")
+    scales = dict(zip(names, random_descales(5, shape[0], shape[4]))) if descales else {}
+    results = []
+    for boundary in ("shared", "own", "own"):
+        poison_allocator()
+        results.append(
+            flash_attn_fp8_sm90(
+                q, k, v, causal=causal, softmax_mode=mode, **{**OWN_BOUNDARY, "warpgroup_epilogue": boundary},
+                **knobs, **scales,
+            )
+        )  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.isfinite(results[0][0][1:].float()).all()
+    for result in results[1:]:
+        for a, b in zip(results[0], result):
+            view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(a.view(view), b.view(view))
+
+
 def test_dynamic_persistent_scheduler_factory_checks_its_sizes():
     """Note [Dynamic persistent order]: one scheduler class per SM count and consumer thread count (the named
     barriers' size); the counter and two slots per CTA in one int32 tensor."""
@@ -759,6 +807,20 @@ def test_bad_inputs_raise(change, match):
         (dict(tile_m=192, intra_wg_overlap=True), "tile_m=192 .* needs intra_wg_overlap=False"),
         (dict(tile_m=192, tile_n=192, intra_wg_overlap=False), r"tile_m=192 .* takes tile_n in \(128, 160\)"),
         (dict(kv_stages=6), r"kv_stages must be one of \(2, 3, 4, 5\)"),
+        (dict(warpgroup_epilogue="alone"), r"warpgroup_epilogue must be one of \('shared', 'own'\)"),
+        (
+            dict(warpgroup_epilogue="own", persistent=False, intra_wg_overlap=False),
+            r"warpgroup_epilogue='own' .* got persistent=False, intra_wg_overlap=False, .* Accepted: "
+            r"warpgroup_epilogue='own' with persistent=True",
+        ),
+        (
+            dict(warpgroup_epilogue="own", persistent=True, intra_wg_overlap=True),
+            r"warpgroup_epilogue='own' .* got persistent=True, intra_wg_overlap=True",
+        ),
+        (
+            dict(warpgroup_epilogue="own", persistent=True, row_sum="mma", o_store="pv_columns"),
+            r"warpgroup_epilogue='own' .* o_store='pv_columns' with row_sum='mma'",
+        ),
         (dict(tile_m=128, scheduler_barrier=True), "scheduler_barrier=True gives three consumer warpgroups"),
         (
             dict(tile_n=256, intra_wg_overlap=False, row_sum="mma", kv_stages=3),
@@ -776,6 +838,18 @@ def test_bad_arguments_raise(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         flash_attn_fp8_sm90(*_cpu_inputs(), **kwargs)
+
+
+def test_each_warpgroups_own_tile_boundary_refuses_packed_gqa():
+    """Note [Each warpgroup's own tile boundary]: its stores are unpacked, so a head ratio that tile_m packs (4 at
+    tile_m 128) is refused by name, before any GPU work; one that it does not pack (3) passes the check."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    knobs = dict(warpgroup_epilogue="own", persistent=True, tile_m=128, intra_wg_overlap=False, o_store="head_dim")
+    with pytest.raises(ValueError, match=r"got 16 q heads over 4 kv heads, which tile_m=128 packs"):
+        flash_attn_fp8_sm90(*_cpu_inputs(hq=16, hk=4), **knobs)
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_attn_fp8_sm90(*_cpu_inputs(hq=12, hk=4), **knobs)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,9 @@ A subclass of FA4's `FlashAttentionForwardSm90` that overrides only what FP8 cha
 - `load`: FA4's producer, reading a varlen V^T at its own offsets (Note [V^T at FA4's padded offsets]).
 - tile_m 128 or 192: two or three consumer warpgroups (Note [Three consumer warpgroups]).
 - `epilogue`: FA4's, on O's head_dim columns alone with o_store="head_dim" (Note [O's tile without the row-sum
-  columns]).
+  columns]); with warpgroup_epilogue="own" each warpgroup's rows stored by that warpgroup (Note [Each warpgroup's
+  own tile boundary]).
+- `mma`: FA4's; with warpgroup_epilogue="own" Q released by the last block's S GEMM (the same Note).
 
 Everything else (producer warp and TMA, pipelines, masking, tile schedulers, ping-pong of the two consumer
 warpgroups, epilogue) is FA4's. Supported: dense batches and varlen (cu_seqlens_q/k, seqused_q/k), head dim
@@ -152,6 +154,33 @@ visible key is in a first half. `mma` partitions both halves of K's shared buffe
 FA4 has them, for `mma_one_n_block`. ptxas keeps the wgmmas pipelined only if each branch waits for what it issued
 and the S accumulator is written by the same wgmmas on both paths (a full-N GEMM in one branch and a half-N one in
 the other, on one accumulator, serialized every wgmma of the kernel: C7511, "insufficient register resources").
+Note [Each warpgroup's own tile boundary]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+FA4's consumer warpgroups meet at every work tile's end: without intra-warpgroup overlap Q is released after the
+tile's last P.V GEMM, the epilogue's first barrier waits for every consumer thread, one warp stores the whole O tile
+by TMA, and on the persistent grid every consumer thread takes the next tile's number at one slot barrier (Note
+[Dynamic persistent order]). FA4's ping-pong keeps the two warpgroups half a block apart (each one's softmax under
+the other's GEMMs), so at each boundary the leading warpgroup waits for the other, and the next tile restarts the
+ping-pong from both at once: their first S GEMMs back to back, then the tensor cores idle under the first softmax.
+In Nsight Compute (H15 at two warpgroups, 8K non-causal, tile 256, FA4's grid; the eleventh and thirteenth
+sessions' reports, studies/fp8_sm90/tile_boundary.py) a consumer warp spends ~1,000 cycles a work tile waiting at
+barriers outside its wgmma waits (the epilogue's, Q's, the first scheduler hand-over) and its first block's wgmma
+waits take ~850 cycles more than a main-loop block's: ~1,800 cycles, 1.6 % of a work tile of 31 blocks, twice that
+share at 8K causal, where a work tile holds half as many.
+With warpgroup_epilogue="own" (the persistent grid, no intra-warpgroup overlap, no packed GQA, O's tile at head_dim
+columns) each warpgroup crosses the boundary alone:
+- it releases Q right after its last S GEMM (n block 0 is the last FA4 walks: no local window, no KV split); the
+  release still needs every warpgroup, and the producer then loads the next tile's Q under this tile's last
+  softmax, P.V GEMM and epilogue instead of after them;
+- it stores its own 64 rows of O: StMatrix into its rows of O's shared tile, then 16-byte shared loads and global
+  stores by its 128 threads (rows past seqlen_q left out), between two barriers of its own (tile_scheduler_sm90
+  EPILOGUE_BARRIERS): the first keeps every write after the warpgroup's reads of the previous tile's rows, the second
+  every read after the writes; no TMA store is left to wait for;
+- it takes the next tile's number at its own slot barrier (tile_scheduler_sm90, `per_warpgroup`).
+FA4's scheduler barriers keep their order: a warpgroup syncs and arrives as often in each tile as before (once
+before its first S GEMM and before each P.V GEMM; after each S GEMM and after its last P.V), so the ping-pong runs
+on across the boundary with the warpgroups still half a block apart, and neither can arrive twice before the other
+syncs. O and the LSE are the same values, written by other instructions.
 
 Note [V^T at FA4's padded offsets]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -177,12 +206,18 @@ import cutlass.utils.hopper_helpers as sm90_utils_basic
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
+from flash_attn.cute import copy_utils, utils
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
-from quack import sm90_utils
+from quack import layout_utils, sm90_utils
 
 from fa4_rowmax.stage.softmax_sm90_fp8 import ROW_SUM_COLUMNS, Fp8SoftmaxSm90
-from fa4_rowmax.stage.tile_scheduler_sm90 import O_STORE_WARP, dynamic_persistent_scheduler
+from fa4_rowmax.stage.tile_scheduler_sm90 import (
+    EPILOGUE_BARRIERS,
+    O_STORE_WARP,
+    WARPGROUP_THREADS,
+    dynamic_persistent_scheduler,
+)
 
 OPERAND_DTYPE = cutlass.Float8E4M3FN
 OUTPUT_DTYPE = cutlass.BFloat16
@@ -279,6 +314,29 @@ class FirstTileHalf:
         return n_half_max % 2 == 1
 
 
+class QReleasedByTheLastBlock:
+    """FA4's Q pipeline as FA4's `mma` sees it under Note [Each warpgroup's own tile boundary]: its waits are the
+    pipeline's, its release after the work tile's main loop does nothing (`mma_one_n_block` releases Q after the last
+    block's S GEMM instead). `releases[0]` counts the releases FA4's `mma` traced (one a work tile), shared by the
+    copies the DSL makes of this object as it carries it through FA4's tile loop."""
+
+    def __init__(self, pipeline_q, releases: Optional[list] = None):
+        self.pipeline = pipeline_q
+        self.releases = [0] if releases is None else releases
+
+    def consumer_wait_w_index_phase(self, *args, **kwargs):
+        return self.pipeline.consumer_wait_w_index_phase(*args, **kwargs)
+
+    def consumer_release_w_index(self, index):
+        self.releases[0] += 1
+
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values(self.pipeline)
+
+    def __new_from_mlir_values__(self, values):
+        return QReleasedByTheLastBlock(cutlass.new_from_mlir_values(self.pipeline, values), self.releases)
+
+
 class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
     """FA4's SM90 forward with e4m3 operands; `stage` is the resolved `fa4_rowmax.interface.SoftmaxStage` (its knobs,
     Note [Softmax-stage knobs] in config.py), kept as FA4's `softmax_stage` hook."""
@@ -342,6 +400,12 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             self.two_level and not stage.intra_wg_overlap and (tile_n // 2) % 32 == 0
         ), "masked_half='skip' needs two-level accumulation, intra_wg_overlap=False and tile_n/2 a multiple of 32"
         self.first_tile_half: Optional[FirstTileHalf] = None
+        # Note [Each warpgroup's own tile boundary]; `mma` sets q_pipeline for `mma_one_n_block`.
+        self.own_tile_boundary = stage.warpgroup_epilogue == "own"
+        assert not self.own_tile_boundary or (
+            persistent_ctas and not stage.intra_wg_overlap and not pack_gqa and self.o_store_columns() == head_dim
+        ), "warpgroup_epilogue='own' needs the persistent grid, no overlap, no packed GQA and O at head_dim columns"
+        self.q_pipeline = None
 
     def _check_type(self, mQ_type, mK_type, mV_type, mO_type, mLSE_type, *index_types):
         if const_expr(not (mQ_type == mK_type == mV_type == self.operand_dtype)):
@@ -408,6 +472,10 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         # round-robin (warp_scheduler_barrier_arrive's next_wg, mma_init's kick-off of warpgroup 1) on request.
         if const_expr(self.round_robin):
             self.use_scheduler_barrier = True
+        # Note [Each warpgroup's own tile boundary]: O is stored by plain stores, so FA4 builds no TMA atom for it and
+        # hands the kernel O's global tensor.
+        if const_expr(self.own_tile_boundary):
+            self.use_tma_O = False
         # Note [V^T in shared memory]: V's K-major layout, set before FA4 builds the storage and V's TMA atom.
         self.sV_layout = sm90_utils.make_smem_layout(
             self.operand_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
@@ -457,7 +525,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         if const_expr(not self.persistent_ctas):
             return TileScheduler, tile_sched_args
         assert tile_sched_args.mCuSeqlensQ is None and tile_sched_args.mSeqUsedQ is None, "dense batches only"
-        scheduler = dynamic_persistent_scheduler(self.persistent_ctas, self.num_mma_threads)
+        scheduler = dynamic_persistent_scheduler(self.persistent_ctas, self.num_mma_threads, self.own_tile_boundary)
         return scheduler, replace(tile_sched_args, tile_count_semaphore=aux_data.tensors[-1].iterator)
 
     def wait_o_store(self):
@@ -486,6 +554,16 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         """FA4's epilogue; with `o_columns` set, on O's head_dim columns alone (Note [O's tile without the row-sum
         columns]); on the persistent grid after the previous tile's O store has read O's tile (Note [O store wait on
         the persistent grid])."""
+        if const_expr(self.own_tile_boundary):
+            tiled_mma_o = self._tiled_mma_pv(self.o_store_columns())
+            acc_O_head = cute.make_tensor(
+                acc_O.iterator,
+                cute.make_layout(tiled_mma_o.get_slice(tidx).partition_shape_C((self.tile_m, self.o_store_columns()))),
+            )
+            self.warpgroup_epilogue(
+                acc_O_head, lse, mO, mLSE, sO, seqlen, tiled_mma_o, tidx, m_block, head_idx, batch_idx
+            )
+            return
         if const_expr(self.persistent_ctas):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == O_STORE_WARP:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -506,6 +584,61 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
                 head_idx, batch_idx,
             )  # fmt: skip
             self.tile_hdimv = pv_columns
+
+    @cute.jit
+    def warpgroup_epilogue(
+        self,
+        acc_O: cute.Tensor,
+        lse: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        sO: cute.Tensor,
+        seqlen,
+        tiled_mma: cute.TiledMma,
+        tidx: Int32,
+        m_block: Int32,
+        head_idx: Int32,
+        batch_idx: Int32,
+    ):
+        """Note [Each warpgroup's own tile boundary]: this warpgroup's 64 rows of O and of the LSE, stored by it."""
+        rows, columns = self.tile_m // self.num_wg_mma, self.o_store_columns()
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // WARPGROUP_THREADS)
+        barrier_id = EPILOGUE_BARRIERS[0] + warpgroup_idx
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=WARPGROUP_THREADS)
+        smem_copy_atom_O = utils.get_smem_store_atom(self.arch.major * 10 + self.arch.minor, self.dtype)
+        smem_thr_copy_O = cute.make_tiled_copy_C(smem_copy_atom_O, tiled_mma).get_slice(tidx)
+        cute.copy(smem_copy_atom_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
+        first_row = m_block * self.tile_m + warpgroup_idx * rows
+        if const_expr(mLSE is not None):
+            # FA4's LSE store (epilogue in flash_fwd.py): the thread holding column 0 of a row writes its LSE.
+            mLSE_cur = seqlen.offset_batch_Q(mLSE, batch_idx, dim=2)[None, head_idx]
+            gLSE = cute.local_tile(mLSE_cur, (self.tile_m,), (m_block,))
+            gLSE_expanded = cute.make_tensor(
+                gLSE.iterator, cute.append(gLSE.layout, cute.make_layout((columns,), stride=(0,)))
+            )
+            thr_mma = tiled_mma.get_slice(tidx)
+            taccOgLSE = layout_utils.reshape_acc_to_mn(thr_mma.partition_C(gLSE_expanded))
+            cO_tile = cute.make_identity_tensor((self.tile_m, columns))
+            taccOcO = layout_utils.reshape_acc_to_mn(thr_mma.partition_C(cO_tile))
+            if taccOcO[0][1] == 0:
+                for m in cutlass.range(cute.size(taccOgLSE.shape[1]), unroll_full=True):
+                    if m_block * self.tile_m + taccOcO[m, 0][0] < seqlen.seqlen_q:
+                        taccOgLSE[m, 0] = lse[m]
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=WARPGROUP_THREADS)
+        gmem_copy_O = copy_utils.tiled_copy_2d(self.dtype, columns, WARPGROUP_THREADS)
+        gmem_thr_copy_O = gmem_copy_O.get_slice(tidx % WARPGROUP_THREADS)
+        mO_cur = seqlen.offset_batch_Q(mO, batch_idx, dim=3)[None, None, head_idx]
+        gO = cute.local_tile(mO_cur, (rows, columns), (m_block * self.num_wg_mma + warpgroup_idx, 0))
+        tOsO = gmem_thr_copy_O.partition_S(cute.local_tile(sO, (rows, columns), (warpgroup_idx, 0)))
+        tOgO = gmem_thr_copy_O.partition_D(gO)
+        tOcO = gmem_thr_copy_O.partition_S(cute.make_identity_tensor((rows, columns)))
+        tOrO = cute.make_fragment_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if first_row + tOcO[0, m, 0][0] < seqlen.seqlen_q:
+                cute.copy(gmem_copy_O, tOrO[None, m, None], tOgO[None, m, None])
 
     @cute.jit
     def load(
@@ -679,11 +812,14 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             softmax.rescale_O(acc_O, row_scale)
         return smem_pipe_read
 
-    def mma(self, tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, *args):
+    def mma(self, tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, learnable_sink, pipeline_k, pipeline_v,
+            pipeline_q, *args):  # fmt: skip
         """FA4's `mma`; with masked_half="skip", first the half-N S GEMM's tiled MMA and fragments over the first
-        tile_n/2 rows of each K stage, for `mma_one_n_block` (Note [The masked half of the first KV tile])."""
+        tile_n/2 rows of each K stage, for `mma_one_n_block` (Note [The masked half of the first KV tile]); under Note
+        [Each warpgroup's own tile boundary] Q is released by `mma_one_n_block` after the work tile's last S GEMM, not
+        by FA4 after the main loop."""
         if const_expr(self.skip_masked_half):
-            (_, _, _, _, _, _, tidx, _, _, block_info) = args[:10]
+            (_, _, tidx, _, _, block_info) = args[:6]
             tiled_mma_half = self._tiled_mma_qk(self.tile_n // 2)
             warp_group_idx = cute.arch.make_warp_uniform(tidx // self.num_threads_per_warp_group)
             warp_group_thread_layout = cute.make_layout(self.num_wg_mma, stride=self.num_threads_per_warp_group)
@@ -701,7 +837,18 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             self.first_tile_half = FirstTileHalf(
                 replace(block_info, tile_n=self.tile_n // 2), tiled_mma_half, tSrQ, tSrK, tSrK_upper
             )
-        return super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, *args)
+        if const_expr(not self.own_tile_boundary):
+            return super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, learnable_sink, pipeline_k,
+                               pipeline_v, pipeline_q, *args)  # fmt: skip
+        self.q_pipeline = pipeline_q
+        seen_by_fa4 = QReleasedByTheLastBlock(pipeline_q)
+        super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, learnable_sink, pipeline_k, pipeline_v,
+                    seen_by_fa4, *args)  # fmt: skip
+        if seen_by_fa4.releases[0] != 1:
+            raise TypeError(
+                f"FA4's mma released Q {seen_by_fa4.releases[0]} times in its traced loop, not once a work tile: Note "
+                "[Each warpgroup's own tile boundary] must be ported"
+            )
 
     @cute.jit
     def arrive_after_pv_gemm(self, n_block: Int32):
@@ -775,6 +922,9 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
                 self.warp_scheduler_barrier_arrive()
             warpgroup.wait_group(0)
         pipeline_k.consumer_release(smem_pipe_read)
+        if const_expr(self.own_tile_boundary):
+            if n_block <= 0:  # the work tile's last block: Note [Each warpgroup's own tile boundary]
+                self.q_pipeline.consumer_release_w_index(0)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S=acc_S, n_block=n_block)
         row_scale = softmax.online_softmax(acc_S, is_first=is_first_n_block, check_inf=check_inf)

@@ -22,20 +22,29 @@ step j + 2's Q, which waits for the consumers to release step j + 1's Q, which t
 the same order keeps each barrier's phases apart. The counter and the slots are one int32 tensor (`semaphore_numel`),
 the counter zeroed before every call by the V^T pre-pass (Note [The counter zeroed by the pre-pass], v_transpose.py),
 that travels as FA4's last aux tensor.
+With warpgroup_epilogue="own" (Note [Each warpgroup's own tile boundary], flash_fwd_sm90_fp8.py) each consumer
+warpgroup has its own pair of slot barriers (the producer warp and the warpgroup's 128 threads), so a warpgroup
+takes its next tile without waiting for the others to finish theirs; the argument for two slots holds for each
+warpgroup alike, since Q's release still needs every warpgroup.
 """
 
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, const_expr
 from flash_attn.cute import utils
 from flash_attn.cute.named_barrier import NamedBarrierFwd
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileSchedulerArguments, WorkTileInfo
 from quack.cute_dsl_utils import ParamsBase
 
-# Named barriers 7 and 8: FA4's forward uses 1 to len(NamedBarrierFwd) (barrier 0 is __syncthreads).
+# Named barriers from 7: FA4's forward uses 1 to len(NamedBarrierFwd) (barrier 0 is __syncthreads). Slots s = 0, 1:
+# barriers 7 and 8 shared by every consumer thread, or 7 + 2 w + s for consumer warpgroup w alone (warpgroup_epilogue
+# "own"); then each warpgroup's epilogue barrier, from 13 (after three warpgroups' slots) to 15 (the hardware's 16).
 SLOT_BARRIERS = (len(NamedBarrierFwd) + 1, len(NamedBarrierFwd) + 2)
+MAX_CONSUMER_WARPGROUPS = 3
+EPILOGUE_BARRIERS = tuple(SLOT_BARRIERS[0] + 2 * MAX_CONSUMER_WARPGROUPS + w for w in range(MAX_CONSUMER_WARPGROUPS))
+WARPGROUP_THREADS = 128
 COUNTER = 0  # the semaphore's first element; CTA c's slots are 1 + 2c and 2 + 2c
 PRODUCER_THREADS = 32  # FA4's one TMA producer warp
 O_STORE_WARP = 4  # the consumer warp FA4's epilogue issues O's TMA store from (flash_fwd.py)
@@ -52,6 +61,7 @@ class DynamicPersistentTileScheduler:
 
     num_ctas: int = 0
     consumer_threads: int = 0
+    per_warpgroup: bool = False  # each consumer warpgroup's own slot barriers (warpgroup_epilogue="own")
 
     @dataclass
     class Params(ParamsBase):
@@ -102,7 +112,6 @@ class DynamicPersistentTileScheduler:
         slots = cute.make_tensor(
             self.params.semaphore + (1 + 2 * cute.arch.block_idx()[0]), cute.make_layout(2)
         )  # this CTA's two slots
-        threads = PRODUCER_THREADS + self.consumer_threads
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tile_idx = Int32(0)
         if warp_idx < 4:  # FA4's producer warpgroup; only its TMA warp walks the tiles
@@ -111,14 +120,33 @@ class DynamicPersistentTileScheduler:
                 taken = cute.arch.grid_dim()[0] + utils.atomic_add_i32(1, self.params.semaphore + COUNTER)
                 slots[slot] = taken
             tile_idx = cute.arch.shuffle_sync(taken, 0)
-            cute.arch.barrier_arrive(barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=threads)
+            if const_expr(self.per_warpgroup):
+                for w in cutlass.range_constexpr(self.consumer_threads // WARPGROUP_THREADS):
+                    cute.arch.barrier_arrive(
+                        barrier_id=SLOT_BARRIERS[0] + 2 * w + slot,
+                        number_of_threads=PRODUCER_THREADS + WARPGROUP_THREADS,
+                    )
+            else:
+                cute.arch.barrier_arrive(
+                    barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=PRODUCER_THREADS + self.consumer_threads
+                )
         else:
-            cute.arch.barrier(barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=threads)
+            if const_expr(self.per_warpgroup):
+                warpgroup_idx = warp_idx // 4 - 1
+                cute.arch.barrier(
+                    barrier_id=SLOT_BARRIERS[0] + 2 * warpgroup_idx + slot,
+                    number_of_threads=PRODUCER_THREADS + WARPGROUP_THREADS,
+                )
+            else:
+                cute.arch.barrier(
+                    barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=PRODUCER_THREADS + self.consumer_threads
+                )
             tile_idx = slots[slot]
             # The CTA's last tile: its O store must read O's tile before the CTA exits (Note [O store wait on the
-            # persistent grid], flash_fwd_sm90_fp8.py).
-            if tile_idx >= self.params.order.total_blocks and warp_idx == O_STORE_WARP:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # persistent grid], flash_fwd_sm90_fp8.py). A warpgroup's own epilogue stores O with plain stores.
+            if const_expr(not self.per_warpgroup):
+                if tile_idx >= self.params.order.total_blocks and warp_idx == O_STORE_WARP:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
         self._tile_idx = tile_idx
         self._step = self._step + 1
 
@@ -141,15 +169,15 @@ class DynamicPersistentTileScheduler:
         return self.__class__(*objs, loc=self._loc)
 
 
-def dynamic_persistent_scheduler(num_ctas: int, consumer_threads: int) -> type:
+def dynamic_persistent_scheduler(num_ctas: int, consumer_threads: int, per_warpgroup: bool = False) -> type:
     """A `DynamicPersistentTileScheduler` for a grid of at most `num_ctas` CTAs (the GPU's SM count) whose consumer
-    warpgroups have `consumer_threads` threads."""
+    warpgroups have `consumer_threads` threads; with `per_warpgroup`, each warpgroup with its own slot barriers."""
     if not (isinstance(num_ctas, int) and num_ctas >= 1):
         raise ValueError(f"num_ctas must be an int >= 1 (the GPU's SM count), got {num_ctas!r}")
     if consumer_threads not in (256, 384):
         raise ValueError(f"consumer_threads must be 256 or 384 (two or three warpgroups), got {consumer_threads!r}")
     return type(
-        f"DynamicPersistentTileScheduler{num_ctas}x{consumer_threads}",
+        f"DynamicPersistentTileScheduler{num_ctas}x{consumer_threads}{'PerWarpgroup' if per_warpgroup else ''}",
         (DynamicPersistentTileScheduler,),
-        {"num_ctas": num_ctas, "consumer_threads": consumer_threads},
+        {"num_ctas": num_ctas, "consumer_threads": consumer_threads, "per_warpgroup": per_warpgroup},
     )
