@@ -244,6 +244,13 @@ FP8_WARPGROUP_EPILOGUE = {
     for tile_m in (128, 192)  # fa4_rowmax.config.FP8_TILE_MS
     for boundary in ("shared", "own")
 }
+# Both at once at tile_m 128 (H15 and the exact twin): the masked half skipped under each boundary; opt-in rows
+# (`--kernels '*_boundary_masked_half'`), beside `*_m128_*_boundary`.
+FP8_BOUNDARY_MASKED_HALF = {
+    f"{name}_masked_half": {**knobs, "masked_half": "skip"}
+    for name, knobs in FP8_WARPGROUP_EPILOGUE.items()
+    if knobs["tile_m"] == 128
+}
 # The exp2-deleted probe at three warpgroups (tile 128), the base of its structure rows.
 FP8_PROBE_M192 = {
     "softmax_mode": "exact",
@@ -1059,6 +1066,7 @@ def _fp8_specs() -> list[KernelSpec]:
     variants += list(FP8_TUNED_TILE_M.items())
     variants += list(FP8_MASKED_HALF.items())
     variants += list(FP8_WARPGROUP_EPILOGUE.items())
+    variants += list(FP8_BOUNDARY_MASKED_HALF.items())
     for name, knobs in variants:
         tol = _H15_TOL if knobs["softmax_mode"] == "rowmax_h15" else _EXACT_TOL
         specs.append(

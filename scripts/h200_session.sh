@@ -19,6 +19,10 @@
 #                                                 # tile_m 128 entries with it beside without it and FA3-FP8, 2K-32K
 #   bash scripts/h200_session.sh wgepilogue OUT   # each warpgroup's own tile boundary: its GPU tests, then the rows
 #                                                 # beside the shared boundary, 2K-16K, with FA3-FP8 (~9 minutes)
+#   bash scripts/h200_session.sh nexttests OUT    # branch fp8-next (the three above merged): the GPU tests of all
+#                                                 # three, then the counter study (~6 minutes)
+#   bash scripts/h200_session.sh nextbench OUT    # branch fp8-next: H15's rows of all three and their combination
+#                                                 # beside FA3-FP8 and the defaults, 8K first, then 4K and 16K (~9 min)
 #   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
 #                                                 # 128 causal GQA and head dim 64 non-causal, 32K (~4 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
@@ -248,6 +252,22 @@ case "$STEP" in
       --name h200_fp8_wg_epilogue --kernels fa3_fp8 fa4_fp8_func_h15 fa4_fp8_func_exact '*_boundary' \
       > "$OUT/bench.log" 2>&1
     echo "wgepilogue: exit status $?"; tail -3 "$OUT/bench.log" ;;
+  nexttests)
+    # issue 22, branch fp8-next: the masked half, each warpgroup's own tile boundary, the counter zeroed by the pre-pass
+    timeout 420 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "masked_half or skipped_half or \
+      own_tile_boundary or persistent_grid_is_bit_identical or v_transpose_prepass" > "$OUT/pytest_next.log" 2>&1
+    tail -2 "$OUT/pytest_next.log"
+    timeout 120 python3 -m studies.fp8_sm90.counter_zeroing --json "$OUT/counter_zeroing.json" \
+      > "$OUT/counter_zeroing.log" 2>&1; echo "counter_zeroing: exit status $?"; cat "$OUT/counter_zeroing.log" ;;
+  nextbench)
+    # issue 22, branch fp8-next: H15 at tile_m 128 with and without each of the two (and both), tile_m 192's
+    # boundaries, beside FA3-FP8 and flash_attn_func's defaults (the counter zeroed by the pre-pass in every row)
+    for seqlens in 8K "4K 16K"; do
+      timeout 270 python3 -m bench --fp8 --seqlens $seqlens --rounds 5 --max-minutes 4 --out "$OUT" \
+        --name "h200_fp8_next_${seqlens// /_}" --kernels fa3_fp8 fa4_fp8_func_h15 'fa4_fp8_h15_m*_boundary' \
+        'fa4_fp8_h15_m128_*_boundary_masked_half' > "$OUT/bench_${seqlens// /_}.log" 2>&1
+      echo "nextbench $seqlens: exit status $?"; tail -3 "$OUT/bench_${seqlens// /_}.log"
+    done ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
