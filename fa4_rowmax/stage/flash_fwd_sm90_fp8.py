@@ -612,7 +612,8 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         cute.copy(smem_copy_atom_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
         first_row = m_block * self.tile_m + warpgroup_idx * rows
         if const_expr(mLSE is not None):
-            # FA4's LSE store (epilogue in flash_fwd.py): the thread holding column 0 of a row writes its LSE.
+            # FA4's LSE store (epilogue in flash_fwd.py): the thread holding column 0 of a row writes its LSE, over
+            # the thread's rows (FA4 loops over the column mode there, whose extra steps index past `lse`).
             mLSE_cur = seqlen.offset_batch_Q(mLSE, batch_idx, dim=2)[None, head_idx]
             gLSE = cute.local_tile(mLSE_cur, (self.tile_m,), (m_block,))
             gLSE_expanded = cute.make_tensor(
@@ -623,7 +624,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             cO_tile = cute.make_identity_tensor((self.tile_m, columns))
             taccOcO = layout_utils.reshape_acc_to_mn(thr_mma.partition_C(cO_tile))
             if taccOcO[0][1] == 0:
-                for m in cutlass.range(cute.size(taccOgLSE.shape[1]), unroll_full=True):
+                for m in cutlass.range(cute.size(taccOgLSE, mode=[0]), unroll_full=True):
                     if m_block * self.tile_m + taccOcO[m, 0][0] < seqlen.seqlen_q:
                         taccOgLSE[m, 0] = lse[m]
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=WARPGROUP_THREADS)
@@ -840,6 +841,8 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         if const_expr(not self.own_tile_boundary):
             return super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, learnable_sink, pipeline_k,
                                pipeline_v, pipeline_q, *args)  # fmt: skip
+        # Block 0 is a work tile's last only where FA4 walks every block down to it (no block sparsity).
+        assert not self.use_block_sparsity, "warpgroup_epilogue='own' walks dense KV blocks"
         self.q_pipeline = pipeline_q
         seen_by_fa4 = QReleasedByTheLastBlock(pipeline_q)
         super().mma(tiled_mma_qk, tiled_mma_pv, mO, mLSE, sQ, sK, sVt, sP, sO, learnable_sink, pipeline_k, pipeline_v,
@@ -923,7 +926,9 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
             warpgroup.wait_group(0)
         pipeline_k.consumer_release(smem_pipe_read)
         if const_expr(self.own_tile_boundary):
-            if n_block <= 0:  # the work tile's last block: Note [Each warpgroup's own tile boundary]
+            # The work tile's last block: FA4 walks n_block_max - 1 down to 0 (no local window, no KV split, no block
+            # sparsity), or runs block -1 alone for rows that see no key. Note [Each warpgroup's own tile boundary].
+            if n_block <= 0:
                 self.q_pipeline.consumer_release_w_index(0)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S=acc_S, n_block=n_block)
