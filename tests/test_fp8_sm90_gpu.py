@@ -334,6 +334,17 @@ def test_arrive_after_pv_is_bit_identical(shape, causal, mode, knobs):
         assert torch.equal(a.view(view), b.view(view))
 
 
+def _assert_bit_identical(results: list) -> None:
+    """Every (out, LSE) of `results` equals the first bit for bit; the first's out is finite past the NaN of q's first
+    batch (the poisoned memory was written)."""
+    torch.cuda.synchronize()
+    assert torch.isfinite(results[0][0][1:].float()).all()
+    for result in results[1:]:
+        for a, b in zip(results[0], result):
+            view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(a.view(view), b.view(view))
+
+
 # Note [Persistent work tiles]: (shape (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), causal, mode, knobs,
 # descales). Every shape but the last gives most CTAs several work tiles (132 SMs).
 PERSISTENT_CASES = [
@@ -381,12 +392,7 @@ def test_persistent_grid_is_bit_identical(shape, causal, mode, knobs, descales):
         results.append(
             flash_attn_fp8_sm90(q, k, v, causal=causal, softmax_mode=mode, persistent=persistent, **knobs, **scales)
         )
-    torch.cuda.synchronize()
-    assert torch.isfinite(results[0][0][1:].float()).all()
-    for result in results[1:]:
-        for a, b in zip(results[0], result):
-            view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
-            assert torch.equal(a.view(view), b.view(view))
+    _assert_bit_identical(results)
 
 
 # Note [The masked half of the first KV tile]: (shape, causal, mode, knobs, descales). Two-level, no intra-warpgroup
@@ -495,12 +501,7 @@ def test_each_warpgroups_own_tile_boundary_is_bit_identical(shape, causal, mode,
                 **knobs, **scales,
             )
         )  # fmt: skip
-    torch.cuda.synchronize()
-    assert torch.isfinite(results[0][0][1:].float()).all()
-    for result in results[1:]:
-        for a, b in zip(results[0], result):
-            view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
-            assert torch.equal(a.view(view), b.view(view))
+    _assert_bit_identical(results)
 
 
 def test_dynamic_persistent_scheduler_factory_checks_its_sizes():

@@ -555,11 +555,7 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
         columns]); on the persistent grid after the previous tile's O store has read O's tile (Note [O store wait on
         the persistent grid])."""
         if const_expr(self.own_tile_boundary):
-            tiled_mma_o = self._tiled_mma_pv(self.o_store_columns())
-            acc_O_head = cute.make_tensor(
-                acc_O.iterator,
-                cute.make_layout(tiled_mma_o.get_slice(tidx).partition_shape_C((self.tile_m, self.o_store_columns()))),
-            )
+            acc_O_head, tiled_mma_o = self._o_columns_of(acc_O, tidx, self.o_store_columns())
             self.warpgroup_epilogue(
                 acc_O_head, lse, mO, mLSE, sO, seqlen, tiled_mma_o, tidx, m_block, head_idx, batch_idx
             )
@@ -573,17 +569,20 @@ class FlashAttentionForwardSm90Fp8(FlashAttentionForwardSm90):
                 batch_idx,
             )  # fmt: skip
         else:
-            tiled_mma_o = self._tiled_mma_pv(self.o_columns)
-            thr_mma_o = tiled_mma_o.get_slice(tidx)
-            acc_O_head = cute.make_tensor(
-                acc_O.iterator, cute.make_layout(thr_mma_o.partition_shape_C((self.tile_m, self.o_columns)))
-            )
+            acc_O_head, tiled_mma_o = self._o_columns_of(acc_O, tidx, self.o_columns)
             pv_columns, self.tile_hdimv = self.tile_hdimv, self.o_columns
             super().epilogue(
                 acc_O_head, lse, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, tma_atom_O, tiled_mma_o, tidx, m_block,
                 head_idx, batch_idx,
             )  # fmt: skip
             self.tile_hdimv = pv_columns
+
+    def _o_columns_of(self, acc_O: cute.Tensor, tidx: Int32, columns: int):
+        """O's first `columns` columns (Note [O's tile without the row-sum columns]): the P.V accumulator's first
+        registers as an accumulator of that width, and the tiled MMA over it."""
+        tiled_mma_o = self._tiled_mma_pv(columns)
+        shape = tiled_mma_o.get_slice(tidx).partition_shape_C((self.tile_m, columns))
+        return cute.make_tensor(acc_O.iterator, cute.make_layout(shape)), tiled_mma_o
 
     @cute.jit
     def warpgroup_epilogue(

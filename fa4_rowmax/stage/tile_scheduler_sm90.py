@@ -113,6 +113,9 @@ class DynamicPersistentTileScheduler:
             self.params.semaphore + (1 + 2 * cute.arch.block_idx()[0]), cute.make_layout(2)
         )  # this CTA's two slots
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        # The slot's barrier: one for every consumer thread, or one a consumer warpgroup (per_warpgroup).
+        groups = self.consumer_threads // WARPGROUP_THREADS if const_expr(self.per_warpgroup) else 1
+        threads = PRODUCER_THREADS + self.consumer_threads // groups
         tile_idx = Int32(0)
         if warp_idx < 4:  # FA4's producer warpgroup; only its TMA warp walks the tiles
             taken = Int32(0)
@@ -120,27 +123,11 @@ class DynamicPersistentTileScheduler:
                 taken = cute.arch.grid_dim()[0] + utils.atomic_add_i32(1, self.params.semaphore + COUNTER)
                 slots[slot] = taken
             tile_idx = cute.arch.shuffle_sync(taken, 0)
-            if const_expr(self.per_warpgroup):
-                for w in cutlass.range_constexpr(self.consumer_threads // WARPGROUP_THREADS):
-                    cute.arch.barrier_arrive(
-                        barrier_id=SLOT_BARRIERS[0] + 2 * w + slot,
-                        number_of_threads=PRODUCER_THREADS + WARPGROUP_THREADS,
-                    )
-            else:
-                cute.arch.barrier_arrive(
-                    barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=PRODUCER_THREADS + self.consumer_threads
-                )
+            for group in cutlass.range_constexpr(groups):
+                cute.arch.barrier_arrive(barrier_id=SLOT_BARRIERS[0] + 2 * group + slot, number_of_threads=threads)
         else:
-            if const_expr(self.per_warpgroup):
-                warpgroup_idx = warp_idx // 4 - 1
-                cute.arch.barrier(
-                    barrier_id=SLOT_BARRIERS[0] + 2 * warpgroup_idx + slot,
-                    number_of_threads=PRODUCER_THREADS + WARPGROUP_THREADS,
-                )
-            else:
-                cute.arch.barrier(
-                    barrier_id=SLOT_BARRIERS[0] + slot, number_of_threads=PRODUCER_THREADS + self.consumer_threads
-                )
+            group = warp_idx // 4 - 1 if const_expr(self.per_warpgroup) else 0
+            cute.arch.barrier(barrier_id=SLOT_BARRIERS[0] + 2 * group + slot, number_of_threads=threads)
             tile_idx = slots[slot]
             # The CTA's last tile: its O store must read O's tile before the CTA exits (Note [O store wait on the
             # persistent grid], flash_fwd_sm90_fp8.py). A warpgroup's own epilogue stores O with plain stores.
