@@ -6,10 +6,10 @@ Note [The counter zeroed by the pre-pass] (fa4_rowmax/stage/v_transpose.py) remo
 persistent call: before it, a call ran `torch.zeros` (a fill kernel) for the counter and its slots, then the pre-pass,
 then the attention kernel. This times what precedes the attention kernel both ways, interleaved: "zeros" (the fill,
 then the pre-pass) and "prepass" (the pre-pass storing the counter's 0), at the e4m3 V of head dim 128, 32K tokens a
-call, 16 and 4 KV heads, 2K and 8K keys (7 rounds x 5 calls, CUDA events, a 1 ms spacer before each side's calls so
-that the host has queued them all and the GPU runs them back to back, as it does ahead of a 1 ms attention kernel;
-two V sets rotated; medians). The difference is the time a call saves; over the attention call's time at the same
-shape (the benchmark's) it is the speed-up.
+call, 16 and 4 KV heads, 2K and 8K keys (`bench.timing.time_interleaved`: 7 rounds x 5 calls, CUDA events, a
+spacer before each side's calls so that the host has queued them all and the GPU runs them back to back, as it does
+ahead of a 1 ms attention kernel; two V sets rotated; medians). The difference is the time a call saves; over the
+attention call's time at the same shape (the benchmark's) it is the speed-up.
 """
 
 import argparse
@@ -17,6 +17,8 @@ import json
 import statistics
 
 import torch
+
+from bench.timing import time_interleaved
 
 TOKENS = 32 * 1024
 HEAD_DIM = 128
@@ -41,7 +43,6 @@ def main(argv=None) -> None:
     def prepass(v):
         v_transpose(v, counter=torch.empty(numel, dtype=torch.int32, device="cuda"))
 
-    ways = {"zeros": zeros, "prepass": prepass}
     rows = []
     for heads_kv in (16, 4):
         for seqlen in (2048, 8192):
@@ -49,24 +50,17 @@ def main(argv=None) -> None:
             sets = [
                 torch.randn(batch, seqlen, heads_kv, HEAD_DIM, device="cuda").to(torch.float8_e4m3fn) for _ in range(2)
             ]
-            for way in ways.values():  # compile and warm
-                way(sets[0])
-            torch.cuda.synchronize()
-            times = {name: [] for name in ways}
-            for r in range(args.rounds):
-                for name in ways if r % 2 == 0 else reversed(list(ways)):
-                    torch.cuda._sleep(1_000_000)
-                    events = []
-                    for c in range(args.calls):
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        ways[name](sets[c % 2])
-                        end.record()
-                        events.append((start, end))
-                    torch.cuda.synchronize()
-                    times[name] += [s.elapsed_time(e) for s, e in events]
+            launchers = {
+                name: [lambda way=way, v=v: way(v) for v in sets]
+                for name, way in (("zeros", zeros), ("prepass", prepass))
+            }
+            times, errors = time_interleaved(
+                launchers, rounds=args.rounds, calls_per_round=args.calls, warmup=2, seed=seqlen + heads_kv
+            )
+            if errors:
+                raise RuntimeError(errors)
             row = dict(heads_kv=heads_kv, seqlen=seqlen, batch=batch)
-            row.update({f"ms_{name}": statistics.median(t) for name, t in times.items()})
+            row.update({f"ms_{name}": statistics.median(sum(t, [])) for name, t in times.items()})
             row["us_saved"] = 1e3 * (row["ms_zeros"] - row["ms_prepass"])
             rows.append(row)
             print(json.dumps(row), flush=True)
