@@ -253,9 +253,15 @@ case "$STEP" in
       > "$OUT/bench.log" 2>&1
     echo "wgepilogue: exit status $?"; tail -3 "$OUT/bench.log" ;;
   nexttests)
-    # issue 22, branch fp8-next: the masked half, each warpgroup's own tile boundary, the counter zeroed by the pre-pass
-    timeout 420 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "masked_half or skipped_half or \
-      own_tile_boundary or persistent_grid_is_bit_identical or v_transpose_prepass" > "$OUT/pytest_next.log" 2>&1
+    # issue 22, branch fp8-next: the masked half, each warpgroup's own tile boundary, the counter zeroed by the pre-pass.
+    # The own boundary has not run on a GPU before: one small case first, under a short limit (a barrier that never
+    # completes hangs the kernel), and the rest of its cases only if that one passed.
+    timeout 120 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "own_tile_boundary and 300" \
+      > "$OUT/pytest_own_smoke.log" 2>&1
+    smoke=$?; tail -2 "$OUT/pytest_own_smoke.log"
+    select="masked_half or skipped_half or persistent_grid_is_bit_identical or v_transpose_prepass"
+    if [ $smoke -eq 0 ]; then select="$select or own_tile_boundary"; else echo "own boundary smoke: exit $smoke"; fi
+    timeout 400 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "$select" > "$OUT/pytest_next.log" 2>&1
     tail -2 "$OUT/pytest_next.log"
     timeout 120 python3 -m studies.fp8_sm90.counter_zeroing --json "$OUT/counter_zeroing.json" \
       > "$OUT/counter_zeroing.log" 2>&1; echo "counter_zeroing: exit status $?"; cat "$OUT/counter_zeroing.log" ;;
