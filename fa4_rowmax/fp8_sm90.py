@@ -248,7 +248,30 @@ def tuned_stage(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhea
     tuned_stage = replace(stage, **tuned)
     if tuned.get("persistent") and not _admits_persistent(tuned_stage, head_dim):
         tuned_stage = replace(tuned_stage, persistent=False)
+    # An entry's masked half or own boundary yields where the call's other knobs leave it unbuilt (they are refused
+    # when passed), as the persistent grid does.
+    if tuned.get("masked_half") == "skip" and not _admits_masked_half(tuned_stage):
+        tuned_stage = replace(tuned_stage, masked_half="compute")
+    if tuned.get("warpgroup_epilogue") == "own" and not _admits_own_boundary(tuned_stage, qhead_per_kvhead):
+        tuned_stage = replace(tuned_stage, warpgroup_epilogue="shared")
     return tuned_stage
+
+
+def _admits_masked_half(stage: SoftmaxStage) -> bool:
+    """Whether Note [The masked half of the first KV tile] is built for these knobs (interface.SoftmaxStage refuses
+    it otherwise)."""
+    return stage.pv_accumulation == "two_level" and not stage.intra_wg_overlap and (stage.tile_n // 2) % 32 == 0
+
+
+def _admits_own_boundary(stage: SoftmaxStage, qhead_per_kvhead: int) -> bool:
+    """Whether Note [Each warpgroup's own tile boundary] is built for these knobs and this GQA ratio."""
+    o_at_head_dim = stage.o_store == "head_dim" or stage.row_sum == "fadd"
+    return (
+        stage.persistent
+        and not stage.intra_wg_overlap
+        and o_at_head_dim
+        and not packs_gqa(qhead_per_kvhead, stage.tile_m)
+    )
 
 
 def _admits_persistent(stage: SoftmaxStage, head_dim: int) -> bool:
@@ -662,8 +685,9 @@ def _forward(
             _check_caller_buffer(name, buffer, shape, dtype, q.device)
     features = dict(features or {}, **varlen_args, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)))
     stage = tuned_stage(stage, head_dim, causal, explicit, heads_q // heads_kv)
-    if varlen and "persistent" not in explicit:  # Note [Persistent work tiles]: dense batches only
-        stage = replace(stage, persistent=False)
+    if varlen:  # Note [Persistent work tiles], [The masked half of the first KV tile]: dense batches only
+        dense_only = dict(persistent=False, masked_half="compute", warpgroup_epilogue="shared")
+        stage = replace(stage, **{k: v for k, v in dense_only.items() if k not in explicit})
     stage = stage.for_kernel(arch=90, q_dtype=q.dtype, features=features)
     check_shared_memory(stage, head_dim)
     if stage.warpgroup_epilogue == "own" and packs_gqa(heads_q // heads_kv, stage.tile_m):

@@ -546,6 +546,41 @@ def test_a_tuned_persistent_grid_yields_to_the_callers_knobs(monkeypatch):
     assert sizes[0] <= fp8_sm90.SMEM_PER_BLOCK < sizes[1]
 
 
+def test_a_tuned_masked_half_and_own_boundary_yield_to_the_call(monkeypatch):
+    """Note [Tuned defaults]: an entry that skips the masked half and ends each warpgroup's tiles alone keeps both
+    where the call allows them (head dim 128 causal MHA at tile_m 128), and drops each where the call's knobs or heads
+    leave it unbuilt instead of refusing the call: intra-warpgroup overlap (both), packed GQA (the own boundary),
+    FA4's grid (the own boundary), tile_n 160 (the masked half)."""
+    from fa4_rowmax import fp8_sm90
+
+    key = ("rowmax_h15", 128, True)
+    entries = fp8_sm90.TUNED_DEFAULTS[key]
+    monkeypatch.setitem(
+        fp8_sm90.TUNED_DEFAULTS,
+        key,
+        {**entries, 128: {**entries[128], "masked_half": "skip", "warpgroup_epilogue": "own"}},
+    )
+
+    def knobs(**kwargs):
+        stage = fp8_sm90.call_stage("rowmax_h15", 128, True, **kwargs)
+        return stage.tile_m, stage.masked_half, stage.warpgroup_epilogue
+
+    assert knobs() == (128, "skip", "own")
+    assert knobs(qhead_per_kvhead=4) == (128, "skip", "shared")  # 4 divides tile_m 128: packed
+    assert knobs(qhead_per_kvhead=7) == (128, "skip", "own")
+    assert knobs(intra_wg_overlap=True, tile_n=128) == (128, "compute", "shared")
+    assert knobs(persistent=False) == (128, "skip", "shared")
+    assert knobs(tile_n=160) == (128, "compute", "own")
+    # varlen calls run FA4's varlen scheduler: dense-only knobs drop before the checks, so only the CPU tensors fail
+    q = torch.zeros(64, 4, 128).to(E4M3)
+    cu = torch.tensor([0, 30, 64], dtype=torch.int32)
+    varlen = dict(causal=True, softmax_mode="rowmax_h15", cu_seqlens_q=cu, cu_seqlens_k=cu)
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        fp8_sm90.flash_attn_fp8_sm90(q, q, q, **varlen)
+    with pytest.raises(ValueError, match="masked_half='skip' is tested on dense batches only"):
+        fp8_sm90.flash_attn_fp8_sm90(q, q, q, **varlen, masked_half="skip")
+
+
 def test_persistent_grid_holds_what_the_epilogue_writes_past_o():
     """Note [Persistent work tiles]: FA4's epilogue writes tile_m x 8 BF16 past an O tile of head_dim + 8 columns, so
     O's own region holds that much more (the estimate the host refuses kv_stages by counts it; the traced storage is
