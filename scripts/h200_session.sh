@@ -23,6 +23,9 @@
 #                                                 # three, then the counter study (~6 minutes)
 #   bash scripts/h200_session.sh nextbench OUT    # branch fp8-next: H15's rows of all three and their combination
 #                                                 # beside FA3-FP8 and the defaults, 8K first, then 4K and 16K (~9 min)
+#   bash scripts/h200_session.sh ncuboundary OUT  # branch fp8-next: Nsight Compute at the goal cell (H15, head dim
+#                                                 # 128, causal MHA, 8K) under the shared and the own tile boundary,
+#                                                 # with studies.fp8_sm90.tile_boundary's table (~3 minutes)
 #   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
 #                                                 # 128 causal GQA and head dim 64 non-causal, 32K (~4 minutes)
 #   bash scripts/h200_session.sh ncu192 OUT       # Nsight Compute at 8K non-causal: H15 at two warpgroups (tile 256)
@@ -196,6 +199,20 @@ case "$STEP" in
     rm -f "$OUT/m192.ncu-rep"
     python3 -m studies.fp8_sm90.ncu_report "$OUT/m192_details.csv" "$OUT/m192_source.csv.xz" > "$OUT/loop_split.md" 2>&1
     tail -40 "$OUT/loop_split.md" ;;
+  ncuboundary)
+    # issue 22, branch fp8-next: what a work tile's boundary costs at the goal cell, each boundary (Note [Each
+    # warpgroup's own tile boundary]): the consumers' barrier waits and first-block GEMM waits a tile, base clocks
+    n=boundary_8k
+    timeout 300 ncu --profile-from-start off --clock-control base --set full -o "$OUT/$n" python3 -m \
+      studies.fp8_sm90.ncu_profile --seqlen 8192 --causal --kernels fa4_fp8_h15_m128_shared_boundary \
+      fa4_fp8_h15_m128_own_boundary > "$OUT/$n.log" 2>&1; echo "ncu $n: exit status $?"
+    ncu -i "$OUT/$n.ncu-rep" --page details --csv > "$OUT/${n}_details.csv"
+    ncu -i "$OUT/$n.ncu-rep" --page source --print-source sass --csv | xz -6 > "$OUT/${n}_source.csv.xz"
+    rm -f "$OUT/$n.ncu-rep"
+    python3 -m studies.fp8_sm90.tile_boundary "$OUT/${n}_details.csv" "$OUT/${n}_source.csv.xz" \
+      > "$OUT/${n}_boundary.md" 2>&1; cat "$OUT/${n}_boundary.md"
+    python3 -m studies.fp8_sm90.ncu_report "$OUT/${n}_details.csv" "$OUT/${n}_source.csv.xz" > "$OUT/${n}_loop.md" 2>&1
+    tail -30 "$OUT/${n}_loop.md" ;;
   ncupersistent)
     # issue 22: where the persistent grid's extra cycles go (Nsight Compute at base clocks: the seventeenth session's
     # loss is in cycles, not in the power-capped clock): H15's per-tile and persistent rows, head dim 128 causal GQA
