@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import importlib.metadata
 import os
 import platform
@@ -11,6 +10,8 @@ import shutil
 import subprocess
 
 import torch
+
+from fa4_rowmax.source_digest import source_digest
 
 PACKAGES = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "numpy")
 # Fields every nvidia-smi of the last years knows (one unknown field fails the whole query).
@@ -96,18 +97,7 @@ def git_commit() -> str | None:
 def code_digest(root: str | None = None) -> str:
     """Note [Code digest]: SHA-256 (hex) of the code under `root` (default: this checkout)."""
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = []
-    for top in CODE_DIRS:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
-            paths += [os.path.join(dirpath, f) for f in filenames if f.endswith(CODE_SUFFIXES)]
-    digest = hashlib.sha256()
-    for rel in sorted(os.path.relpath(p, root).replace(os.sep, "/") for p in paths):
-        with open(os.path.join(root, rel), "rb") as f:
-            data = f.read()
-        digest.update(f"{rel}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
+    return source_digest(root, CODE_DIRS, CODE_SUFFIXES)
 
 
 def collect(settings: dict) -> dict:

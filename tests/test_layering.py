@@ -7,10 +7,10 @@ may import any package, and nothing in a package or in scripts/ imports a study.
 only: nothing imports it or puts it on sys.path. Nothing outside tests/ imports a test module, puts tests/ on
 sys.path or runs another file with runpy (what is shared lives in a package module, e.g. fa4_rowmax.testing).
 Inside fa4_rowmax (`FA4_ROWMAX_FLOORS`): config, reference, process_mode (and the import-free patching,
-aux_data) at the bottom; the CuTe-DSL stages above; interface, gates, fp8_sm90 and patched_wheel above those; the
-entry points hf, hf_paged, the vLLM backend (vllm_plugin, vllm_routing, vllm_backend) and __main__ above; testing
-at the top, free to import all of fa4_rowmax and imported by none of it. A module may import its own floor and the
-floors below; a module the table does not name fails until it is given a floor.
+aux_data, source_digest) at the bottom; the CuTe-DSL stages above; interface, gates, fp8_sm90 and patched_wheel
+above those; the entry points hf, hf_paged, the vLLM backend (vllm_plugin, vllm_routing, vllm_backend) and __main__
+above; testing at the top, free to import all of fa4_rowmax and imported by none of it. A module may import its own
+floor and the floors below; a module the table does not name fails until it is given a floor.
 """
 
 import ast
@@ -32,6 +32,7 @@ FA4_ROWMAX_FLOORS = {
     "reference": 0,
     "patching": 0,
     "aux_data": 0,
+    "source_digest": 0,
     "process_mode": 0,
     "stage": 1,
     "interface": 2,
