@@ -190,11 +190,14 @@ def faster_tile_m(key, qhead_per_kvhead: int = 1) -> int:
 
 
 def _admits_three_warpgroups(stage: SoftmaxStage, explicit) -> bool:
-    """Whether the knobs the caller passed leave tile_m=192 possible (interface._check_three_warpgroups)."""
+    """Whether the knobs the caller passed leave tile_m=192 possible (interface._check_three_warpgroups); a masked
+    half skipped without a tile_n takes two warpgroups, whose entries' tiles are whole k32 half-steps (the
+    three-warpgroup entries' 160 is not)."""
     return (
         ("tile_n" not in explicit or stage.tile_n in FP8_TILE_M3_TILE_NS)
         and ("intra_wg_overlap" not in explicit or not stage.intra_wg_overlap)
         and ("arrive_after_pv" not in explicit or not stage.arrive_after_pv or stage.scheduler_barrier)
+        and ("masked_half" not in explicit or stage.masked_half != "skip" or "tile_n" in explicit)
     )
 
 
@@ -203,6 +206,7 @@ def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhea
     key = (stage.mode, head_dim, causal)
     if key not in TUNED_DEFAULTS:  # refused later, by name (SoftmaxStage.for_kernel, the head-dim check)
         return {}
+    own_boundary = "warpgroup_epilogue" in explicit and stage.warpgroup_epilogue == "own"
     if "tile_m" in explicit:
         tile_m = stage.tile_m
     elif "scheduler_barrier" in explicit and stage.scheduler_barrier:  # a three-warpgroup knob
@@ -220,10 +224,19 @@ def tuned_knobs(stage: SoftmaxStage, head_dim: int, causal: bool, explicit, qhea
     else:
         faster = faster_tile_m(key, qhead_per_kvhead)
         tile_m = faster
+        other = 128 if faster == 192 else 192
         if "kv_stages" in explicit and not _fits(stage, head_dim, faster, explicit, key):
-            other = 128 if faster == 192 else 192
             tile_m = other if _fits(stage, head_dim, other, explicit, key) else faster
-    return {k: v for k, v in {"tile_m": tile_m, **TUNED_DEFAULTS[key][tile_m]}.items() if k not in explicit}
+        elif own_boundary and packs_gqa(qhead_per_kvhead, faster) and not packs_gqa(qhead_per_kvhead, other):
+            tile_m = other  # Note [Each warpgroup's own tile boundary]: unpacked heads only
+    entry = {"tile_m": tile_m, **TUNED_DEFAULTS[key][tile_m]}
+    # The masked half and the own boundary, passed, take the step without overlap; the own boundary the persistent
+    # grid (interface.SoftmaxStage refuses them otherwise).
+    if own_boundary or ("masked_half" in explicit and stage.masked_half == "skip"):
+        entry["intra_wg_overlap"] = False
+    if own_boundary:
+        entry["persistent"] = True
+    return {k: v for k, v in entry.items() if k not in explicit}
 
 
 def _fits(stage: SoftmaxStage, head_dim: int, tile_m: int, explicit, key) -> bool:

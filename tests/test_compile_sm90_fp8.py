@@ -145,6 +145,10 @@ CONFIGS = {
     "exact_mma_m192_n160_o_head_dim_persistent_own": dict(
         _EXACT_M192, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
     ),
+    # Both (branch fp8-next): the masked half skipped under each warpgroup's own boundary.
+    "both_h15_sat_mma_n256_nooverlap_o_head_dim_persistent": dict(
+        _H15_N256, o_store="head_dim", persistent=True, warpgroup_epilogue="own", masked_half="skip"
+    ),
     # O's tile at head_dim + 8 columns on the persistent grid: its region holds the epilogue's overrun.
     "d64_exact_mma_n192_persistent": dict(
         head_dim=64, softmax_mode="exact", tile_n=192, row_sum="mma", intra_wg_overlap=False, persistent=True
@@ -637,3 +641,19 @@ def test_each_warpgroup_ends_its_tiles_alone(compiled, name):
     steps = 3 if kwargs.get("causal", True) else 2
     assert count(ops, "SYNCS.ARRIVE") - count(base, "SYNCS.ARRIVE") == steps - 1
     assert ops[MAIN_LOOP_LOCAL] <= MAIN_LOOP_LOCAL_BOUND.get(name.removesuffix("_own"), 0), ops[MAIN_LOOP_LOCAL]
+
+
+def test_the_masked_half_and_the_own_boundary_compose(compiled):
+    """Both knobs at once: the masked half's GEMMs (those of its own compile beside the defaults) and the own
+    boundary's stores, no local memory in the main loop, the wgmmas still pipelined (no C7511 serialization: a
+    WARPGROUP.ARRIVE per four QGMMA at most)."""
+    _, ops = compiled["both_h15_sat_mma_n256_nooverlap_o_head_dim_persistent"]
+    _, masked = compiled["h15_sat_mma_n256_nooverlap_o_head_dim_persistent_masked_half"]
+    _, own = compiled["h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own"]
+    assert {op: n for op, n in ops.items() if op.startswith("QGMMA")} == {
+        op: n for op, n in masked.items() if op.startswith("QGMMA")
+    }
+    for op in ("STG.E.128", "LDS.128", "UTMASTG"):
+        assert count(ops, op) == count(own, op), op
+    assert ops[MAIN_LOOP_LOCAL] == 0 and ops[CONSUMER_REGISTERS] == own[CONSUMER_REGISTERS]
+    assert count(ops, "WARPGROUP.ARRIVE") <= count(ops, "QGMMA") // 4

@@ -478,6 +478,39 @@ OWN_BOUNDARY_CASES = [
 ]
 
 
+# Both at once (branch fp8-next): the masked half skipped under each warpgroup's own boundary, against neither.
+BOTH_CASES = [
+    ((2, 4096, 4096, 16, 16, 128), True, "rowmax_h15", {}, False),  # the goal cell's structure
+    ((2, 4096, 4096, 16, 16, 128), True, "exact", {}, True),
+    ((1, 1531, 777, 16, 16, 128), True, "rowmax_h15", {"tile_n": 128}, False),  # rows with no key
+    ((64, 512, 512, 16, 16, 128), True, "rowmax_h15", {}, False),  # one or two KV tiles a work tile
+    ((8, 1024, 1024, 16, 16, 64), True, "rowmax_h15", {"tile_n": 256}, False),  # head dim 64
+]
+
+
+@pytest.mark.gpu(arch="sm90")
+@pytest.mark.parametrize("shape, causal, mode, knobs, descales", BOTH_CASES, ids=str)
+def test_the_masked_half_under_the_own_boundary_is_bit_identical(shape, causal, mode, knobs, descales):
+    """Note [The masked half of the first KV tile] and Note [Each warpgroup's own tile boundary] together: the first
+    KV tile's half GEMMs, then the early Q release in the same block; out and LSE equal neither's bit for bit."""
+    from fa4_rowmax.fp8_sm90 import flash_attn_fp8_sm90
+
+    q, k, v = _inputs(hash((shape, causal, mode, "both")) % 2**31, *shape)
+    q[0, shape[1] // 2, 0, 5] = math.nan
+    names = ("q_descale", "k_descale", "v_descale")
+    scales = dict(zip(names, random_descales(7, shape[0], shape[4]))) if descales else {}
+    results = []
+    for masked_half, boundary in (("compute", "shared"), ("skip", "own"), ("skip", "own")):
+        poison_allocator()
+        results.append(
+            flash_attn_fp8_sm90(
+                q, k, v, causal=causal, softmax_mode=mode, **{**OWN_BOUNDARY, "warpgroup_epilogue": boundary},
+                masked_half=masked_half, tile_m=128, **knobs, **scales,
+            )
+        )  # fmt: skip
+    _assert_bit_identical(results)
+
+
 @pytest.mark.gpu(arch="sm90")
 @pytest.mark.parametrize("shape, causal, mode, knobs, descales", OWN_BOUNDARY_CASES, ids=str)
 def test_each_warpgroups_own_tile_boundary_is_bit_identical(shape, causal, mode, knobs, descales):
@@ -550,7 +583,7 @@ def test_a_tuned_masked_half_and_own_boundary_yield_to_the_call(monkeypatch):
     """Note [Tuned defaults]: an entry that skips the masked half and ends each warpgroup's tiles alone keeps both
     where the call allows them (head dim 128 causal MHA at tile_m 128), and drops each where the call's knobs or heads
     leave it unbuilt instead of refusing the call: intra-warpgroup overlap (both), packed GQA (the own boundary),
-    FA4's grid (the own boundary), tile_n 160 (the masked half)."""
+    FA4's grid (the own boundary), tile_n 160 (the masked half). Passed by the caller, they steer the other knobs."""
     from fa4_rowmax import fp8_sm90
 
     key = ("rowmax_h15", 128, True)
@@ -571,6 +604,16 @@ def test_a_tuned_masked_half_and_own_boundary_yield_to_the_call(monkeypatch):
     assert knobs(intra_wg_overlap=True, tile_n=128) == (128, "compute", "shared")
     assert knobs(persistent=False) == (128, "skip", "shared")
     assert knobs(tile_n=160) == (128, "compute", "own")
+    # Passed by the caller, each takes the tiling and structure it is built for instead of a refusal: the step without
+    # overlap, the persistent grid for the own boundary, two warpgroups for the masked half, the tiling that does not
+    # pack the heads; a ratio that packs at both tile_m (4) is refused by name (test_..._refuses_packed_gqa).
+    for key in fp8_sm90.TUNED_DEFAULTS:
+        for ratio in (1, 3, 7):
+            skip, own = dict(masked_half="skip"), dict(warpgroup_epilogue="own")
+            for passed in (skip, own, {**skip, **own}):
+                stage = fp8_sm90.call_stage(*key, qhead_per_kvhead=ratio, **passed)
+                stage.for_kernel(arch=90, q_dtype=E4M3)
+                assert not (stage.warpgroup_epilogue == "own" and fp8_sm90.packs_gqa(ratio, stage.tile_m)), (key, ratio)
     # varlen calls run FA4's varlen scheduler: dense-only knobs drop before the checks, so only the CPU tensors fail
     q = torch.zeros(64, 4, 128).to(E4M3)
     cu = torch.tensor([0, 30, 64], dtype=torch.int32)
