@@ -23,6 +23,7 @@
 #                                                 # three, then the counter study (~6 minutes)
 #   bash scripts/h200_session.sh nextbench OUT    # branch fp8-next: H15's rows of all three and their combination
 #                                                 # beside FA3-FP8 and the defaults, 8K first, then 4K and 16K (~9 min)
+#   bash scripts/h200_session.sh owndefaults OUT  # flash_attn_func's FP8 defaults beside FA3-FP8, 2K-32K (~6 minutes)
 #   bash scripts/h200_session.sh ncuboundary OUT  # branch fp8-next: Nsight Compute at the goal cell (H15, head dim
 #                                                 # 128, causal MHA, 8K) under the shared and the own tile boundary,
 #                                                 # with studies.fp8_sm90.tile_boundary's table (~3 minutes)
@@ -296,6 +297,11 @@ case "$STEP" in
         'fa4_fp8_h15_m128_*_boundary_masked_half' > "$OUT/bench_${seqlens// /_}.log" 2>&1
       echo "nextbench $seqlens: exit status $?"; tail -3 "$OUT/bench_${seqlens// /_}.log"
     done ;;
+  owndefaults)
+    # issue 22: flash_attn_func's defaults (H15's goal cell on each warpgroup's own tile boundary) beside FA3-FP8
+    timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes ${MINUTES:-5.5} --out "$OUT" \
+      --name h200_fp8_defaults --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 > "$OUT/bench.log" 2>&1
+    echo "owndefaults: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;

@@ -154,6 +154,8 @@ def test_causal_gqa_that_packs_a_tile_takes_three_warpgroups(mode, head_dim):
         stage = call_stage(mode, head_dim, True, qhead_per_kvhead=ratio)
         assert stage.tile_m == (192 if packs and rule else TUNED_TILE_M[causal_key]), ratio
         for knob, value in TUNED_DEFAULTS[causal_key][stage.tile_m].items():
+            if knob == "warpgroup_epilogue" and fp8_sm90.packs_gqa(ratio, stage.tile_m):
+                value = "shared"  # Note [Each warpgroup's own tile boundary]: unpacked heads only
             assert getattr(stage, knob) == value, (ratio, knob)
         assert call_stage(mode, head_dim, False, qhead_per_kvhead=ratio).tile_m == TUNED_TILE_M[full_key]
     assert call_stage(mode, head_dim, True, qhead_per_kvhead=4, tile_n=256).tile_m == 128
@@ -200,3 +202,29 @@ def test_flash_attn_func_takes_the_persistent_grid_for_dense_batches_only(compil
     assert dense.stage.persistent and dense.persistent_ctas > 0
     assert not varlen.stage.persistent and varlen.persistent_ctas == 0
     assert (varlen.tile_m, varlen.tile_n) == (dense.tile_m, dense.tile_n)
+
+
+def test_the_own_tile_boundary_yields_where_it_is_not_built(compiled_configs):
+    """Note [Tuned defaults]: H15's head-dim-128 causal entry takes each warpgroup's own tile boundary (Note [Each
+    warpgroup's own tile boundary]) for one head per Q tile, and yields to the shared boundary, not a refusal, where
+    the call packs GQA heads into the tile, passes overlap, or runs varlen."""
+    key = ("rowmax_h15", 128, True)
+    assert TUNED_DEFAULTS[key][TUNED_TILE_M[key]]["warpgroup_epilogue"] == "own"
+    assert call_stage(*key).warpgroup_epilogue == "own"
+    assert call_stage(*key, qhead_per_kvhead=7).warpgroup_epilogue == "own"  # 7 does not divide 128: unpacked
+    packed = call_stage(*key, qhead_per_kvhead=4)
+    assert (packed.tile_m, packed.warpgroup_epilogue, packed.persistent) == (128, "shared", True)
+    assert call_stage(*key, intra_wg_overlap=True).warpgroup_epilogue == "shared"
+    with FakeTensorMode():
+        q = torch.empty(2, 256, 4, 128, dtype=torch.float8_e4m3fn, device="cuda")
+        stage = softmax_stage("rowmax_h15", None, None)
+        fp8_sm90.fa4_sm90_fp8_forward(q, q, q, softmax_scale=None, causal=True, softmax_stage=stage)
+        packed_q = q.view(512, 4, 128)
+        cu_seqlens = torch.tensor([0, 200, 512], dtype=torch.int32, device="cuda")
+        features = dict(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+        fp8_sm90.fa4_sm90_fp8_forward(
+            packed_q, packed_q, packed_q, softmax_scale=None, causal=True, softmax_stage=stage, features=features
+        )
+    dense, varlen = compiled_configs
+    assert dense.stage.warpgroup_epilogue == "own"
+    assert varlen.stage.warpgroup_epilogue == "shared"
