@@ -19,12 +19,14 @@
 #                                                 # tile_m 128 entries with it beside without it and FA3-FP8, 2K-32K
 #   bash scripts/h200_session.sh wgepilogue OUT   # each warpgroup's own tile boundary: its GPU tests, then the rows
 #                                                 # beside the shared boundary, 2K-16K, with FA3-FP8 (~9 minutes)
-#   bash scripts/h200_session.sh nexttests OUT    # branch fp8-next (the three above merged): the GPU tests of all
+#   bash scripts/h200_session.sh nexttests OUT    # the three above together: the GPU tests of all
 #                                                 # three, then the counter study (~6 minutes)
-#   bash scripts/h200_session.sh nextbench OUT    # branch fp8-next: H15's rows of all three and their combination
+#   bash scripts/h200_session.sh nextbench OUT    # H15's rows of all three and their combination
 #                                                 # beside FA3-FP8 and the defaults, 8K first, then 4K and 16K (~9 min)
 #   bash scripts/h200_session.sh owndefaults OUT  # flash_attn_func's FP8 defaults beside FA3-FP8, 2K-32K (~6 minutes)
-#   bash scripts/h200_session.sh ncuboundary OUT  # branch fp8-next: Nsight Compute at the goal cell (H15, head dim
+#   bash scripts/h200_session.sh ownlongrows OUT  # the long-row contract under them, then the defaults and H15 at
+#                                                 # tile_m 128 on the own boundary beside FA3-FP8, 8K and 32K (~4 min)
+#   bash scripts/h200_session.sh ncuboundary OUT  # Nsight Compute at the goal cell (H15, head dim
 #                                                 # 128, causal MHA, 8K) under the shared and the own tile boundary,
 #                                                 # with studies.fp8_sm90.tile_boundary's table (~3 minutes)
 #   bash scripts/h200_session.sh ncupersistent OUT  # Nsight Compute at base clocks: H15 per tile and persistent, head dim
@@ -204,7 +206,7 @@ case "$STEP" in
     python3 -m studies.fp8_sm90.ncu_report "$OUT/m192_details.csv" "$OUT/m192_source.csv.xz" > "$OUT/loop_split.md" 2>&1
     tail -40 "$OUT/loop_split.md" ;;
   ncuboundary)
-    # issue 22, branch fp8-next: what a work tile's boundary costs at the goal cell, each boundary (Note [Each
+    # issue 22: what a work tile's boundary costs at the goal cell, each boundary (Note [Each
     # warpgroup's own tile boundary]): the consumers' barrier waits and first-block GEMM waits a tile, base clocks
     n=boundary_8k
     timeout 300 ncu --profile-from-start off --clock-control base --set full -o "$OUT/$n" python3 -m \
@@ -274,7 +276,7 @@ case "$STEP" in
       > "$OUT/bench.log" 2>&1
     echo "wgepilogue: exit status $?"; tail -3 "$OUT/bench.log" ;;
   nexttests)
-    # issue 22, branch fp8-next: the masked half, each warpgroup's own tile boundary, the counter zeroed by the pre-pass.
+    # issue 22: the masked half, each warpgroup's own tile boundary, the counter zeroed by the pre-pass.
     # The own boundary has not run on a GPU before: its small cases first (one CTA with one tile; 3,072 tiles of one
     # KV block each), under a short limit (a barrier that never completes hangs the kernel), the rest only if they pass.
     timeout 120 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_gpu.py -k "own_tile_boundary and (300 or 512)" \
@@ -289,7 +291,7 @@ case "$STEP" in
     timeout 120 python3 -m studies.fp8_sm90.counter_zeroing --json "$OUT/counter_zeroing.json" \
       > "$OUT/counter_zeroing.log" 2>&1; echo "counter_zeroing: exit status $?"; cat "$OUT/counter_zeroing.log" ;;
   nextbench)
-    # issue 22, branch fp8-next: H15 at tile_m 128 with and without each of the two (and both), tile_m 192's
+    # issue 22: H15 at tile_m 128 with and without each of the two (and both), tile_m 192's
     # boundaries, beside FA3-FP8 and flash_attn_func's defaults (the counter zeroed by the pre-pass in every row)
     for seqlens in 8K "4K 16K"; do
       timeout 270 python3 -m bench --fp8 --seqlens $seqlens --rounds 5 --max-minutes 4 --out "$OUT" \
@@ -302,6 +304,15 @@ case "$STEP" in
     timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes ${MINUTES:-5.5} --out "$OUT" \
       --name h200_fp8_defaults --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 > "$OUT/bench.log" 2>&1
     echo "owndefaults: exit status $?"; tail -3 "$OUT/bench.log" ;;
+  ownlongrows)
+    # issue 22: the long-row contract through the defaults with the own boundary, then flash_attn_func's defaults
+    # beside FA3-FP8 and H15 at tile_m 128 on the own boundary (non-causal: a second run of that reading) at 8K and 32K
+    timeout 110 python3 -m pytest -q -rs -m gpu tests/test_fp8_sm90_long_rows.py > "$OUT/pytest_long_rows.log" 2>&1
+    tail -2 "$OUT/pytest_long_rows.log"
+    timeout 130 python3 -m bench --fp8 --seqlens 8K 32K --rounds 5 --max-minutes 1.6 --out "$OUT" \
+      --name h200_fp8_defaults_own --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_h15_m128_own_boundary \
+      > "$OUT/bench.log" 2>&1
+    echo "ownlongrows bench: exit status $?"; tail -3 "$OUT/bench.log" ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
