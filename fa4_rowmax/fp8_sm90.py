@@ -120,11 +120,13 @@ def packs_gqa(qhead_per_kvhead: int, tile_m: int) -> bool:
 #   varlen scheduler.
 # - Each warpgroup's own tile boundary (`warpgroup_epilogue="own"`, Note [Each warpgroup's own tile boundary]) in
 #   H15's head dim 128 causal entry at tile_m 128, the goal cell of issue 22: one H200 run at 4K-16K with 16/16 heads
-#   (bench/results/h200_2026-12-05_s21/next/) measured it +2.2 % at 4K, +1.4 % at 8K and +0.6 % at 16K over the
-#   shared boundary (1.15x, 1.18x, 1.19x FA3-FP8), the prediction's low edge. It yields to packed GQA (16/4 heads at
-#   tile_m 128), varlen and the caller's overlap. Not taken elsewhere: at three warpgroups non-causal it ran +0.8 %
-#   at 4K, +1.3 % at 8K and -1.7 % at 16K, and the exact twin has not run with it. The masked half of the first KV
-#   tile (`masked_half="skip"`) is in no entry: it ran 0.5-1 % behind computing it at 4K-16K.
+#   (bench/results/h200_2026-12-05_s21/next/) measured it +2.2 % at 4K, +1.6 % at 8K and +0.8 % at 16K over the
+#   shared boundary (1.15x, 1.18x, 1.19x FA3-FP8), the prediction's low edge; through flash_attn_func at 8K a second
+#   run gave 1.16x (bench/results/h200_2026-12-05_s21/defaults_own/, where the long-row contract passed with it). It
+#   yields to packed GQA (16/4 heads at tile_m 128), varlen and the caller's overlap. Not taken elsewhere: at three
+#   warpgroups non-causal it ran +0.1 % at 4K, +1.2 % at 8K and -2.0 % at 16K, and the exact twin has not run with
+#   it. The masked half of the first KV tile (`masked_half="skip"`) is in no entry: it ran 0.1-1.4 % behind
+#   computing it at 4K-16K.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
 # exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
 # entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the
