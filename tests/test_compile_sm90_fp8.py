@@ -367,7 +367,7 @@ def test_kv_stages_change_no_arithmetic(compiled):
 
 
 DEFAULTS_COMPILED = {  # (mode, head dim, causal, GQA ratio) -> the configuration above that the call compiles
-    ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
+    ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own",
     ("rowmax_h15", 128, True, 4): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
     ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent",
     ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim_persistent",
@@ -412,6 +412,8 @@ def test_the_defaults_are_compiled_here(compiled, key):
         "scheduler_barrier",
         "o_store",
         "persistent",
+        "masked_half",
+        "warpgroup_epilogue",
     )
     for knob in knobs:
         assert getattr(stage, knob) == kwargs.get(knob, STAGE_KNOBS[knob].default), knob
