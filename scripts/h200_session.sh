@@ -26,6 +26,8 @@
 #   bash scripts/h200_session.sh owndefaults OUT  # flash_attn_func's FP8 defaults beside FA3-FP8, 2K-32K (~6 minutes)
 #   bash scripts/h200_session.sh ownlongrows OUT  # the long-row contract under them, then the defaults and H15 at
 #                                                 # tile_m 128 on the own boundary beside FA3-FP8, 8K and 32K (~4 min)
+#   bash scripts/h200_session.sh owncandidates OUT  # the own boundary's next candidate entries (H15 non-causal MHA at
+#                                                 # tile_m 128, the exact twin causal) beside the defaults, 2K-32K (~8 min)
 #   bash scripts/h200_session.sh ncuboundary OUT  # Nsight Compute at the goal cell (H15, head dim
 #                                                 # 128, causal MHA, 8K) under the shared and the own tile boundary,
 #                                                 # with studies.fp8_sm90.tile_boundary's table (~3 minutes)
@@ -313,6 +315,17 @@ case "$STEP" in
       --name h200_fp8_defaults_own --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_h15_m128_own_boundary \
       > "$OUT/bench.log" 2>&1
     echo "ownlongrows bench: exit status $?"; tail -3 "$OUT/bench.log" ;;
+  owncandidates)
+    # issue 22: two entries the own boundary may take (docs/fp8_sm90.md, Levers): H15 at head dim 128 non-causal with
+    # one head per tile at tile_m 128 (beside the default's three warpgroups), and the exact
+    # twin's head dim 128 causal tile_m 128 entry (own beside shared); FA3-FP8 and the defaults beside them
+    for seqlens in "2K 4K 8K" "16K 32K"; do
+      timeout 280 python3 -m bench --fp8 --seqlens $seqlens --rounds 5 --max-minutes 4 --out "$OUT" \
+        --name "h200_fp8_own_candidates_${seqlens// /_}" --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 \
+        fa4_fp8_h15_m128_own_boundary 'fa4_fp8_exact_m128_*_boundary' \
+        > "$OUT/bench_${seqlens// /_}.log" 2>&1
+      echo "owncandidates $seqlens: exit status $?"; tail -3 "$OUT/bench_${seqlens// /_}.log"
+    done ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;
