@@ -54,6 +54,7 @@ _EXPLICIT = dict(
     o_store="pv_columns",
     persistent=False,
     masked_half="compute",
+    warpgroup_epilogue="shared",
 )
 # Three consumer warpgroups (Note [Three consumer warpgroups]) with H15's tuned knobs, the base of several configs.
 _H15_M192 = dict(softmax_mode="rowmax_h15", clamp="sat", row_sum="mma", tile_m=192, intra_wg_overlap=False)
