@@ -163,10 +163,11 @@ case "$STEP" in
       --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 '*_tuned_m*' > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/bench.log" ;;
   peers)
+    # PEERS_EXTRA='row ...' adds rows to the same rounds (e.g. the earlier defaults' knobs beside the new ones)
     vllm_fa3_library
-    timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes 5.5 --out "$OUT" \
-      --name h200_fp8_defaults_peers --kernels fa3_fp8 vllm_fa3_fp8 cudnn_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 \
-      fa4_fp8_exact_noexp_defaults \
+    timeout ${LIMIT:-440} python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes ${MINUTES:-5.5} \
+      --out "$OUT" --name h200_fp8_defaults_peers --kernels fa3_fp8 vllm_fa3_fp8 cudnn_fp8 fa4_fp8_func_exact \
+      fa4_fp8_func_h15 fa4_fp8_exact_noexp_defaults ${PEERS_EXTRA:-} \
       > "$OUT/bench.log" 2>&1
     echo "peers: exit status $?"; tail -3 "$OUT/bench.log" ;;
   bench)
