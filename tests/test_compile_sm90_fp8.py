@@ -140,8 +140,14 @@ CONFIGS = {
     "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own": dict(
         _H15_N256, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
     ),
-    "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent_own": dict(
-        _H15_M192, causal=False, tile_n=160, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
+    "noncausal_h15_sat_mma_n256_nooverlap_o_head_dim_persistent": dict(
+        _H15_N256, causal=False, o_store="head_dim", persistent=True
+    ),
+    "noncausal_h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own": dict(
+        _H15_N256, causal=False, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
+    ),
+    "exact_mma_n256_nooverlap_o_head_dim_persistent_own": dict(
+        _EXACT_N256, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
     ),
     "exact_mma_m192_n160_o_head_dim_persistent_own": dict(
         _EXACT_M192, o_store="head_dim", persistent=True, warpgroup_epilogue="own"
@@ -370,8 +376,8 @@ def test_kv_stages_change_no_arithmetic(compiled):
 DEFAULTS_COMPILED = {  # (mode, head dim, causal, GQA ratio) -> the configuration above that the call compiles
     ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own",
     ("rowmax_h15", 128, True, 4): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
-    ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent",
-    ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim_persistent",
+    ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own",
+    ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim_persistent_own",
     ("exact", 128, True, 4): "exact_mma_m192_n160_o_head_dim_persistent",
     ("exact", 128, False, 1): "noncausal_exact_mma_m192_n160_o_head_dim_persistent",
     ("rowmax_h15", 64, True, 1): "d64_h15_sat_mma_n192_o_head_dim_persistent",

@@ -45,9 +45,9 @@ def test_the_table_covers_every_mode_head_dim_and_mask():
 
 
 def test_a_knob_the_caller_passes_wins():
-    stage = call_stage("rowmax_h15", 128, False, tile_n=128, row_sum="fadd")
+    stage = call_stage("rowmax_h15", 128, True, tile_n=128, row_sum="fadd")
     assert (stage.tile_n, stage.row_sum) == (128, "fadd")
-    assert (stage.tile_m, stage.clamp, stage.intra_wg_overlap) == (192, "sat", False)  # the rest still tuned
+    assert (stage.tile_m, stage.clamp, stage.intra_wg_overlap, stage.persistent) == (128, "sat", False, True)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_a_knob_that_excludes_three_warpgroups_selects_two(knobs):
     """Where three warpgroups are the fastest, a caller's knob that tile_m=192 refuses
     (interface._check_three_warpgroups) gets the two-warpgroup entry for the rest, not a refusal of a tile_m it
     never asked for."""
-    key = ("rowmax_h15", 128, False)
+    key = ("exact", 128, False)
     assert TUNED_TILE_M[key] == 192
     stage = call_stage(*key, **knobs)
     assert stage.tile_m == 128
@@ -131,10 +131,10 @@ def test_flash_attn_func_gets_the_tuned_stage(compiled_configs):
     with FakeTensorMode():
         q = torch.empty(1, 256, 2, 128, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_sm90.fa4_sm90_fp8_forward(
-            q, q, q, softmax_scale=None, causal=False, softmax_stage=softmax_stage("rowmax_h15", None, None)
+            q, q, q, softmax_scale=None, causal=False, softmax_stage=softmax_stage("exact", None, None)
         )
     (config,) = compiled_configs
-    key = ("rowmax_h15", 128, False)
+    key = ("exact", 128, False)
     assert config.tile_m == TUNED_TILE_M[key] == 192
     for knob, value in TUNED_DEFAULTS[key][TUNED_TILE_M[key]].items():
         assert getattr(config.stage, knob) == value, knob
