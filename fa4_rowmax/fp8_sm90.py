@@ -197,12 +197,25 @@ PACKED_CAUSAL_KEYS = frozenset(
 )  # the (mode, head_dim, causal) keys the rule applies to
 
 
+# Note [Packed tiles without the own boundary]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# H15 at head dim 128 non-causal takes tile_m 128 for what each warpgroup's own tile boundary buys it (Note [Tuned
+# defaults]); a call whose GQA packs that tile (ratio 2, 4, 8, ...) cannot have the own boundary (Note [Each
+# warpgroup's own tile boundary]), and on the shared one three warpgroups stay ahead: with 16/4 heads, three H200
+# runs at 2K-32K (bench/results/h200_2026-12-05_s22/), tile_m 128 ran 0.2-2.6 % behind tile_m 192 in 14 of 15 cells
+# (median -0.9 %). Such calls keep tile_m 192; ratios that do not divide 128 (Qwen2.5-1.5B's 6) run unpacked and
+# take the own boundary at tile_m 128.
+PACKED_TILE_M = {("rowmax_h15", 128, False): 192}  # key -> tile_m where the call packs TUNED_TILE_M's tile
+
+
 def faster_tile_m(key, qhead_per_kvhead: int = 1) -> int:
     """The tiling Note [Tuned defaults] gives a call of this (mode, head_dim, causal) and GQA ratio when no knob
-    decides it (Note [Causal tiles that pack GQA])."""
+    decides it (Note [Causal tiles that pack GQA], Note [Packed tiles without the own boundary])."""
     ratio = qhead_per_kvhead
     if key in PACKED_CAUSAL_KEYS and ratio > 1 and 192 % ratio == 0 and 192 // ratio <= PACKED_CAUSAL_MAX_POSITIONS:
         return 192
+    if key in PACKED_TILE_M and packs_gqa(ratio, TUNED_TILE_M[key]):
+        return PACKED_TILE_M[key]
     return TUNED_TILE_M[key]
 
 

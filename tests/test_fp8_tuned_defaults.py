@@ -10,7 +10,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fa4_rowmax import fp8_sm90
 from fa4_rowmax.config import FP8_TILE_MS, STAGE_KNOBS
-from fa4_rowmax.fp8_sm90 import PACKED_CAUSAL_KEYS, TUNED_DEFAULTS, TUNED_TILE_M, call_stage, check_shared_memory
+from fa4_rowmax.fp8_sm90 import (
+    PACKED_CAUSAL_KEYS,
+    PACKED_TILE_M,
+    TUNED_DEFAULTS,
+    TUNED_TILE_M,
+    call_stage,
+    check_shared_memory,
+)
 from fa4_rowmax.interface import softmax_stage
 
 
@@ -157,8 +164,24 @@ def test_causal_gqa_that_packs_a_tile_takes_three_warpgroups(mode, head_dim):
             if knob == "warpgroup_epilogue" and fp8_sm90.packs_gqa(ratio, stage.tile_m):
                 value = "shared"  # Note [Each warpgroup's own tile boundary]: unpacked heads only
             assert getattr(stage, knob) == value, (ratio, knob)
-        assert call_stage(mode, head_dim, False, qhead_per_kvhead=ratio).tile_m == TUNED_TILE_M[full_key]
+        if full_key not in PACKED_TILE_M:  # Note [Packed tiles without the own boundary]: the next test
+            assert call_stage(mode, head_dim, False, qhead_per_kvhead=ratio).tile_m == TUNED_TILE_M[full_key]
     assert call_stage(mode, head_dim, True, qhead_per_kvhead=4, tile_n=256).tile_m == 128
+
+
+def test_h15_non_causal_tiles_that_pack_gqa_keep_three_warpgroups():
+    """Note [Packed tiles without the own boundary]: H15 at head dim 128 non-causal runs tile_m 128 on each
+    warpgroup's own boundary where its heads stay unpacked (MHA, ratios that do not divide 128), and tile_m 192 where
+    GQA would pack the 128-row tile (the own boundary is unbuilt there); both on the persistent grid. Other keys are
+    untouched, and a caller's excluding knob still takes two warpgroups."""
+    assert set(PACKED_TILE_M) == {("rowmax_h15", 128, False)}
+    for ratio, tile_m in ((1, 128), (2, 192), (3, 128), (4, 192), (6, 128), (7, 128), (8, 192), (16, 192)):
+        stage = call_stage("rowmax_h15", 128, False, qhead_per_kvhead=ratio)
+        assert (stage.tile_m, stage.persistent) == (tile_m, True), ratio
+        assert stage.warpgroup_epilogue == ("own" if tile_m == 128 else "shared"), ratio
+        for knob, value in TUNED_DEFAULTS[("rowmax_h15", 128, False)][tile_m].items():
+            assert getattr(stage, knob) == value, (ratio, knob)
+    assert call_stage("rowmax_h15", 128, False, qhead_per_kvhead=4, tile_n=256).tile_m == 128
 
 
 @pytest.mark.parametrize("heads_kv, tile_m", [(8, TUNED_TILE_M[("exact", 128, True)]), (2, 192)])
