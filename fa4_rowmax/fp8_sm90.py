@@ -98,12 +98,13 @@ def packs_gqa(qhead_per_kvhead: int, tile_m: int) -> bool:
 # - Every entry takes the MMA row sum and stores O's head_dim columns alone (o_store="head_dim", Note [O's tile
 #   without the row-sum columns]): 8-21 % faster than storing the row-sum columns too at 2K keys, -2 to +5 % at 32K
 #   (a fixed cost per call: the fitted intercept falls by 0.03-0.14 ms, the per-key rate stays within 3 %).
-# - Rowmax-H15 takes the clamp by saturation (same values as the FMNMX clamp). At head dim 128 non-causal three
-#   consumer warpgroups at tile 160 (tile_m 192, Note [Three consumer warpgroups]) ran up to 2 % ahead of two on
-#   FA4's grid (this branch's candidate below takes two, on the persistent grid, at every GQA ratio); at
-#   head dim 128 causal and head dim 64 two warpgroups stay ahead, at tile 256 without intra-warpgroup overlap
-#   (head dim 128: without overlap S and the second accumulator are never live together, so the largest wgmma N
-#   fits: Note [Two-level P.V accumulation]) and at tile 192 with overlap (head dim 64).
+# - Rowmax-H15 takes the clamp by saturation (same values as the FMNMX clamp). Two consumer warpgroups: at head dim
+#   128 at tile 256 without intra-warpgroup overlap (without overlap S and the second accumulator are never live
+#   together, so the largest wgmma N fits: Note [Two-level P.V accumulation]), at head dim 64 at tile 192 with
+#   overlap. At head dim 128 non-causal three consumer warpgroups at tile 160 (tile_m 192, Note [Three consumer
+#   warpgroups]) ran up to 2 % ahead of two on FA4's grid; two on the persistent grid with each warpgroup's own
+#   boundary are ahead now (below), and three stay where GQA packs the tile (Note [Packed tiles without the own
+#   boundary]).
 # - The exact twin, bound by the MUFU: three warpgroups at tile 160 at head dim 128 non-causal; two at tile 256
 #   without overlap at head dim 128 causal; at head dim 64 three at tile 160 under FA4's round-robin scheduler
 #   barrier (3-16 % over no barrier there: the round-robin staggers the warpgroups' exponentials).
@@ -124,14 +125,14 @@ def packs_gqa(qhead_per_kvhead: int, tile_m: int) -> bool:
 #   (bench/results/h200_2026-12-05_s21/next/) measured it +2.2 % at 4K, +1.6 % at 8K and +0.8 % at 16K over the
 #   shared boundary (1.15x, 1.18x, 1.19x FA3-FP8), the prediction's low edge; through flash_attn_func at 8K a second
 #   run gave 1.16x (bench/results/h200_2026-12-05_s21/defaults_own/, where the long-row contract passed with it). It
-#   yields to packed GQA (16/4 heads at tile_m 128), varlen and the caller's overlap. Not at three warpgroups (it
-#   ran +0.1 % at 4K, +1.2 % at 8K and -2.0 % at 16K non-causal). The masked half of the first KV tile
-#   (`masked_half="skip"`) is in no entry: it ran 0.1-1.4 % behind computing it at 4K-16K.
-# - Candidates on this branch (docs/fp8_sm90.md, Levers; `bash scripts/h200_session.sh owncandidates OUT` measures
-#   them at 2K-32K before they are merged): H15 at head dim 128 non-causal at tile_m 128 on the persistent grid and
-#   the own boundary (two readings at 16/16 heads: +2.2-2.5 % at 8K over three warpgroups, +0.5-6 % at 4K-32K in
-#   one; with 4 KV heads, packed at both tilings, tile_m 128's shared boundary ran level with tile_m 192), and the
-#   exact twin's head dim 128 causal tile_m 128 entry on the own boundary (not yet run with it).
+#   yields to packed GQA (16/4 heads at tile_m 128), varlen and the caller's overlap. Three H200 runs at 2K-32K
+#   (bench/results/h200_2026-12-05_s22/, the earlier entries' knobs as rows in the same rounds) took it into two
+#   more entries at 16/16 heads: H15 at head dim 128 non-causal at tile_m 128 on the persistent grid in place of
+#   three warpgroups (+5-6 % at 2K-4K, +0.3-1.9 % at 8K, +3.7-4.8 % at 16K, -1.0 to +0.5 % at 32K), and the exact
+#   twin's head dim 128 causal entry (+6.4-6.6 % at 2K, +2.4-3.0 % at 4K, +0.7-1.3 % at 8K, -1.6 to +0.2 % at 16K,
+#   -0.2 to +2.9 % at 32K). Not at three warpgroups (it ran +0.1 % at 4K, +1.2 % at 8K and -2.0 % at 16K
+#   non-causal). The masked half of the first KV tile (`masked_half="skip"`) is in no entry: it ran 0.1-1.4 % behind
+#   computing it at 4K-16K.
 # TUNED_DEFAULTS holds both tilings per key, TUNED_TILE_M the faster for one head per Q tile. A call whose own knobs
 # exclude three warpgroups (tile_n past 160, intra_wg_overlap=True, arrive_after_pv=True) gets the two-warpgroup
 # entry; a call that passes tile_m gets that tile_m's entry, one that passes scheduler_barrier=True the

@@ -23,11 +23,8 @@
 #                                                 # three, then the counter study (~6 minutes)
 #   bash scripts/h200_session.sh nextbench OUT    # H15's rows of all three and their combination
 #                                                 # beside FA3-FP8 and the defaults, 8K first, then 4K and 16K (~9 min)
-#   bash scripts/h200_session.sh owndefaults OUT  # flash_attn_func's FP8 defaults beside FA3-FP8, 2K-32K (~6 minutes)
-#   bash scripts/h200_session.sh ownlongrows OUT  # the long-row contract under them, then the defaults and H15 at
+#   bash scripts/h200_session.sh ownlongrows OUT  # the long-row contract under the defaults, then them and H15 at
 #                                                 # tile_m 128 on the own boundary beside FA3-FP8, 8K and 32K (~4 min)
-#   bash scripts/h200_session.sh owncandidates OUT  # the own boundary's next candidate entries (H15 non-causal MHA at
-#                                                 # tile_m 128, the exact twin causal) beside the defaults, 2K-32K (~8 min)
 #   bash scripts/h200_session.sh ncuboundary OUT  # Nsight Compute at the goal cell (H15, head dim
 #                                                 # 128, causal MHA, 8K) under the shared and the own tile boundary,
 #                                                 # with studies.fp8_sm90.tile_boundary's table (~3 minutes)
@@ -44,7 +41,9 @@
 #                                                 # every peer: the README's accuracy table (~1 minute)
 #   bash scripts/h200_session.sh peers OUT        # flash_attn_func's defaults beside FA3-FP8, vLLM's FA3 and cuDNN's FP8,
 #                                                 # 2K-32K, head dim 128 and 64: the README's speed table, with the
-#                                                 # exp2-deleted probe at the exact twin's defaults (~3 minutes)
+#                                                 # exp2-deleted probe at the exact twin's defaults (~2 minutes, 40 s
+#                                                 # with the kernels compiled); PEERS_EXTRA='row ...' adds rows, e.g.
+#                                                 # an entry's earlier knobs, to the same rounds
 #   bash scripts/h200_session.sh ostore OUT       # O's tile with and without the row-sum columns (o_store): its GPU
 #                                                 # bit-identity tests, then the defaults (head_dim columns) beside
 #                                                 # o_store="pv_columns" and the exact twin's earlier head-dim-64 entry
@@ -302,11 +301,6 @@ case "$STEP" in
         'fa4_fp8_h15_m128_*_boundary_masked_half' > "$OUT/bench_${seqlens// /_}.log" 2>&1
       echo "nextbench $seqlens: exit status $?"; tail -3 "$OUT/bench_${seqlens// /_}.log"
     done ;;
-  owndefaults)
-    # issue 22: flash_attn_func's defaults (H15's goal cell on each warpgroup's own tile boundary) beside FA3-FP8
-    timeout 440 python3 -m bench --fp8 --seqlens 2K 4K 8K 16K 32K --rounds 5 --max-minutes ${MINUTES:-5.5} --out "$OUT" \
-      --name h200_fp8_defaults --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 > "$OUT/bench.log" 2>&1
-    echo "owndefaults: exit status $?"; tail -3 "$OUT/bench.log" ;;
   ownlongrows)
     # issue 22: the long-row contract through the defaults with the own boundary, then flash_attn_func's defaults
     # beside FA3-FP8 and H15 at tile_m 128 on the own boundary (non-causal: a second run of that reading) at 8K and 32K
@@ -316,17 +310,6 @@ case "$STEP" in
       --name h200_fp8_defaults_own --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 fa4_fp8_h15_m128_own_boundary \
       > "$OUT/bench.log" 2>&1
     echo "ownlongrows bench: exit status $?"; tail -3 "$OUT/bench.log" ;;
-  owncandidates)
-    # issue 22: two entries the own boundary may take (docs/fp8_sm90.md, Levers): H15 at head dim 128 non-causal with
-    # one head per tile at tile_m 128 (beside the default's three warpgroups), and the exact
-    # twin's head dim 128 causal tile_m 128 entry (own beside shared); FA3-FP8 and the defaults beside them
-    for seqlens in "2K 4K 8K" "16K 32K"; do
-      timeout 280 python3 -m bench --fp8 --seqlens $seqlens --rounds 5 --max-minutes 4 --out "$OUT" \
-        --name "h200_fp8_own_candidates_${seqlens// /_}" --kernels fa3_fp8 fa4_fp8_func_exact fa4_fp8_func_h15 \
-        'fa4_fp8_h15_m128_*_boundary' 'fa4_fp8_exact_m128_*_boundary' \
-        > "$OUT/bench_${seqlens// /_}.log" 2>&1
-      echo "owncandidates $seqlens: exit status $?"; tail -3 "$OUT/bench_${seqlens// /_}.log"
-    done ;;
   persistentdefaults)
     # issue 22: the defaults steps with the persistent grid in every tuned entry (Note [Persistent defaults under test])
     LOWPREC_FP8_PERSISTENT_DEFAULTS=1 bash "$0" defaults "$OUT" ;;

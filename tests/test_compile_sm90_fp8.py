@@ -377,6 +377,7 @@ DEFAULTS_COMPILED = {  # (mode, head dim, causal, GQA ratio) -> the configuratio
     ("rowmax_h15", 128, True, 1): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own",
     ("rowmax_h15", 128, True, 4): "h15_sat_mma_n256_nooverlap_o_head_dim_persistent",
     ("rowmax_h15", 128, False, 1): "noncausal_h15_sat_mma_n256_nooverlap_o_head_dim_persistent_own",
+    ("rowmax_h15", 128, False, 4): "noncausal_h15_sat_mma_m192_n160_o_head_dim_persistent",
     ("exact", 128, True, 1): "exact_mma_n256_nooverlap_o_head_dim_persistent_own",
     ("exact", 128, True, 4): "exact_mma_m192_n160_o_head_dim_persistent",
     ("exact", 128, False, 1): "noncausal_exact_mma_m192_n160_o_head_dim_persistent",
